@@ -1,0 +1,1 @@
+"""Pallas kernels for specjax. Each kernel sits beside its pure-jnp reference."""

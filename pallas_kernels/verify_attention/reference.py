@@ -1,0 +1,69 @@
+"""Pure-jnp verify attention: the semantics every kernel must match, and the XLA path of the model.
+
+T new query positions per row attend to a KV cache whose first `lengths[b]` slots are valid and whose LAST T valid
+slots (lengths - T .. lengths - 1) hold the new positions' own keys/values. Columns below `lengths - T` (the
+committed prefix) are always visible; the last T columns are visible through `mask` (causal when None, a tree
+ancestor mask otherwise); columns at or past `lengths` are never read (they may hold stale drafts or NaN).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Large negative instead of -inf so that a fully masked row gives exp(0 - 0) style finite math, never inf - inf.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def visibility(lengths: jax.Array, num_new: int, num_cols: int, mask: jax.Array | None = None,
+               q_positions: jax.Array | None = None, sliding_window: int | None = None) -> jax.Array:
+    """Boolean [B, T, S]: may query t of row b read cache column s."""
+    cols = jnp.arange(num_cols)[None, None, :]                      # [1, 1, S]
+    new_start = (lengths - num_new)[:, None, None]                  # [B, 1, 1]
+    in_prefix = cols < new_start                                    # [B, 1, S]
+    rel = cols - new_start                                          # column index inside the new block
+    in_new = (rel >= 0) & (rel < num_new)
+    if mask is None:
+        new_visible = rel <= jnp.arange(num_new)[None, :, None]     # causal: [1, T, S] via broadcast
+    else:
+        batch = lengths.shape[0]
+        mask = mask if mask.ndim == 3 else mask[None]               # [B|1, T, T]
+        mask = jnp.broadcast_to(mask, (batch, num_new, num_new))    # [B, T, T]
+        idx = jnp.clip(rel, 0, num_new - 1)                         # [B, 1, S]
+        idx = jnp.broadcast_to(idx, (batch, num_new, num_cols))     # [B, T, S]
+        new_visible = jnp.take_along_axis(mask, idx, axis=2)        # [B, T, S]
+    vis = in_prefix | (in_new & new_visible)
+    if sliding_window is not None:
+        if q_positions is None:
+            q_positions = new_start[:, :, 0] + jnp.arange(num_new)[None, :]   # [B, T]
+        vis = vis & (cols > q_positions[:, :, None] - sliding_window)
+    return vis
+
+
+def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+                               mask: jax.Array | None = None, *, sm_scale: float | None = None,
+                               q_positions: jax.Array | None = None, sliding_window: int | None = None,
+                               return_lse: bool = False):
+    """q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D]; lengths [B] (valid slots, the T new ones included);
+    mask None (causal) or bool [T, T] / [B, T, T] (mask[i, j]: node i sees node j). Returns out [B, T, Hq, D]
+    (q's dtype) and, if return_lse, the log-sum-exp [B, T, Hq] in float32."""
+    B, T, Hq, D = q.shape
+    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if sm_scale is None else sm_scale
+    vis = visibility(lengths, T, S, mask, q_positions, sliding_window)        # [B, T, S]
+    qg = q.reshape(B, T, Hkv, group, D)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(vis[:, None, None], s, MASK_VALUE)                          # [B, Hkv, G, T, S]
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    p = jnp.where(vis[:, None, None], p, 0.0)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    # Unused slots may hold NaN (tests poison them); 0 * NaN is NaN, so zero the values we never read.
+    col_ok = jnp.arange(S)[None, :] < lengths[:, None]                        # [B, S]
+    v = jnp.where(col_ok[:, :, None, None], v_cache, 0).astype(jnp.float32)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v) / jnp.where(l == 0, 1.0, l).transpose(0, 3, 1, 2, 4)
+    out = o.reshape(B, T, Hq, D).astype(q.dtype)
+    if not return_lse:
+        return out
+    lse = (m + jnp.log(jnp.where(l == 0, 1.0, l)))[..., 0]                   # [B, Hkv, G, T]
+    return out, lse.transpose(0, 3, 1, 2).reshape(B, T, Hq)

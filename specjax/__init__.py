@@ -1,0 +1,6 @@
+"""specjax: exact speculative decoding in JAX/Pallas, every drafter in one jit-compiled loop."""
+from specjax.api import GenerateResult, Model, available_models, generate, load_model
+from specjax.config import SpecConfig
+from specjax.sampling import SamplingParams
+
+__all__ = ["GenerateResult", "Model", "SpecConfig", "SamplingParams", "available_models", "generate", "load_model"]

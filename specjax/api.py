@@ -1,0 +1,177 @@
+"""Public entry points: load_model() and generate()."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import SpecConfig
+from specjax.decode import decode
+from specjax.drafters.base import NullDrafter
+from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.ngram import NgramDrafter
+from specjax.drafters.predicted import PredictedDrafter
+from specjax.metrics import summarize
+from specjax.models.config import ModelConfig
+from specjax.models.llama import full_logits
+
+CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints")
+
+
+@dataclasses.dataclass
+class Model:
+    config: ModelConfig
+    params: dict
+    tokenizer: Any = None           # tokenizers.Tokenizer or None
+    name: str = ""
+
+    def logits(self, tokens) -> jax.Array:
+        """Full forward, no cache: int32 [B, T] -> float32 [B, T, V]."""
+        return _full_logits(self.params, jnp.asarray(tokens, jnp.int32), cfg=self.config)
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.name!r} has no tokenizer; pass token-id lists instead of strings")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids)) if self.tokenizer is not None else ""
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.config.eos_token_id
+
+
+_full_logits = jax.jit(full_logits, static_argnames=("cfg",))
+
+
+def available_models() -> list[str]:
+    if not os.path.isdir(CHECKPOINT_DIR):
+        return []
+    return sorted(d for d in os.listdir(CHECKPOINT_DIR) if os.path.isfile(os.path.join(CHECKPOINT_DIR, d, "config.json")))
+
+
+def load_model(path_or_name: str, dtype=jnp.float32) -> Model:
+    """A Hugging Face Llama/Qwen2/Mistral directory, or the name of a shipped model in checkpoints/."""
+    from specjax.models.hf_io import load_pretrained
+    path = path_or_name
+    if not os.path.isdir(path):
+        shipped = os.path.join(CHECKPOINT_DIR, path_or_name)
+        if not os.path.isdir(shipped):
+            raise FileNotFoundError(f"no model directory {path_or_name!r} and no shipped model of that name "
+                                    f"(shipped: {available_models()})")
+        path = shipped
+    params, cfg, tokenizer = load_pretrained(path, dtype=dtype)
+    return Model(cfg, params, tokenizer, os.path.basename(os.path.normpath(path)))
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    tokens: list[list[int]]
+    texts: list[str] | None
+    stats: dict
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _encode_all(model: Model, items, what: str) -> list[list[int]]:
+    if isinstance(items, (str, bytes)) or (len(items) and isinstance(items[0], (int, np.integer))):
+        raise TypeError(f"{what} must be a list (one entry per request), got a single {type(items).__name__}")
+    out = []
+    for i, p in enumerate(items):
+        ids = model.encode(p) if isinstance(p, str) else [int(t) for t in p]
+        if not ids:
+            raise ValueError(f"{what} {i} is empty (0 tokens); every request needs at least one token")
+        bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise ValueError(f"{what} {i} has token ids outside [0, {model.config.vocab_size}): {bad[:5]}")
+        out.append(ids)
+    return out
+
+
+def check_same_vocabulary(target: Model, draft: Model) -> None:
+    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage)."""
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} has vocab_size "
+                         f"{draft.config.vocab_size}, target {target.name!r} has {target.config.vocab_size}")
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+            raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} and target {target.name!r} have "
+                             "the same vocab_size but different tokenizers (token ids map to different strings)")
+
+
+def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[list[int]], buffer_len: int):
+    """-> (static drafter object, its array params)."""
+    k = config.k
+    if config.method == "none":
+        if drafter is not None:
+            raise ValueError("method='none' takes no drafter")
+        return NullDrafter(), ()
+    if config.method == "ngram":
+        lo, hi = config.lookup_range
+        return NgramDrafter(k, lo, hi), ()
+    if config.method == "draft_model":
+        if not isinstance(drafter, Model):
+            raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model>")
+        check_same_vocabulary(target, drafter)
+        return DraftModelDrafter(k, drafter.config, buffer_len, config.implementation), drafter.params
+    if config.method == "predicted":
+        if drafter is None or len(drafter) != len(prompts):
+            raise ValueError(f"method='predicted' needs drafter=<one prediction per prompt> "
+                             f"({len(prompts)} prompts)")
+        preds = _encode_all(target, drafter, "prediction")
+        Lp = _round_up(max(map(len, preds)), 16)
+        arr = np.zeros((len(preds), Lp), np.int32)
+        for i, p in enumerate(preds):
+            arr[i, :len(p)] = p
+        lo, hi = (config.prompt_lookup_min or 1), (config.prompt_lookup_max or 3)
+        return PredictedDrafter(k, lo, max(lo, hi)), (jnp.asarray(arr), jnp.asarray([len(p) for p in preds], jnp.int32))
+    raise ValueError(f"unknown method {config.method!r}")
+
+
+def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
+             seed: int = 0, request_ids: Sequence[int] | None = None) -> GenerateResult:
+    """Decode each prompt (a string or a list of token ids) with `config.method`. Greedy output equals plain
+    greedy decoding token for token; sampled output is distributed exactly as the target's. A request's random
+    stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates."""
+    config = config or SpecConfig()
+    ids = _encode_all(model, prompts, "prompt")
+    k = config.k
+    longest = max(map(len, ids))
+    needed = longest + config.max_new_tokens + k + 1
+    if config.max_cache_len is not None and needed > config.max_cache_len:
+        raise ValueError(f"prompt too long for the cache: the longest prompt has {longest} tokens; with "
+                         f"max_new_tokens={config.max_new_tokens} and {k + 1} verify slots it needs {needed} "
+                         f"cache entries > max_cache_len={config.max_cache_len}")
+    if longest + config.max_new_tokens > model.config.max_position_embeddings:
+        raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
+                         f"model's max_position_embeddings={model.config.max_position_embeddings}")
+    P = _round_up(longest, 16)                       # bucketed shapes keep recompiles rare
+    buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
+    prompt_arr = np.zeros((len(ids), P), np.int32)
+    for i, p in enumerate(ids):
+        prompt_arr[i, :len(p)] = p
+    rids = list(range(len(ids))) if request_ids is None else list(request_ids)
+    if len(rids) != len(ids):
+        raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
+    base = jax.random.PRNGKey(seed)
+    keys = jnp.stack([jax.random.fold_in(base, r) for r in rids])
+    drafter_obj, draft_params = make_drafter(model, config, drafter, ids, buffer_len)
+    eos = model.eos_token_id if (config.stop_at_eos and model.eos_token_id is not None) else -1
+
+    t0 = time.perf_counter()
+    tokens, num_new, stats = decode(model.params, draft_params, jnp.asarray(prompt_arr),
+                                    jnp.asarray([len(p) for p in ids], jnp.int32), keys, jnp.int32(eos),
+                                    cfg=model.config, drafter=drafter_obj, spec=config, buffer_len=buffer_len)
+    tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+    wall = time.perf_counter() - t0
+    out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
+    texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
+    return GenerateResult(out, texts, summarize(jax.device_get(stats), num_new, wall, k))

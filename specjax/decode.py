@@ -1,0 +1,120 @@
+"""generate(): prefill, then ONE lax.while_loop over (propose -> verify -> accept -> commit).
+
+Plain decoding is this loop with the null drafter (k = 0): baseline and speculative runs share every line except
+the drafter, which keeps their comparison fair. The whole generation is a single compiled XLA program.
+
+Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
+first length - 1 of them; the last committed token is fed to the target together with the k drafts.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specjax.cache import KVCache
+from specjax.config import SpecConfig
+from specjax.drafters.base import Context, Drafter, last_tokens
+from specjax.models.config import ModelConfig
+from specjax.models.llama import forward
+from specjax.sampling import probabilities, sample
+from specjax.verify import chain_greedy, chain_sampled
+
+
+class DecodeStats(NamedTuple):
+    steps: jax.Array            # [B] target verify passes after prefill
+    drafted: jax.Array          # [B] draft tokens proposed
+    accepted: jax.Array         # [B] draft tokens accepted
+    accept_hist: jax.Array      # [B, k+1] how often 0..k drafts were accepted in a step
+
+
+class LoopState(NamedTuple):
+    tokens: jax.Array           # [B, L]
+    length: jax.Array           # [B]
+    num_new: jax.Array          # [B]
+    done: jax.Array             # [B] bool
+    cache: KVCache
+    draft_state: Any
+    step: jax.Array             # [] int32
+    stats: DecodeStats
+
+
+def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
+    """buf [B, L], new [B, n] written at starts[b]."""
+    return jax.vmap(lambda b, x, s: lax.dynamic_update_slice(b, x, (s,)))(buf, new, starts)
+
+
+def _first_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
+    if spec.sampling.greedy:
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len"))
+def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
+           request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
+           buffer_len: int) -> tuple[jax.Array, jax.Array, DecodeStats]:
+    """prompts [B, P] right-padded int32, prompt_lengths [B], request_keys [B, 2] (one per request), eos_id []
+    (-1 = none). Returns (tokens [B, buffer_len], num_new [B], stats); row b's output is
+    tokens[b, prompt_lengths[b] : prompt_lengths[b] + num_new[b]]."""
+    B, P = prompts.shape
+    k = drafter.num_tokens
+    sp = spec.sampling
+    max_new = spec.max_new_tokens
+    step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)
+
+    cache = KVCache.init(cfg.num_layers, B, buffer_len, cfg.num_kv_heads, cfg.head_dim,
+                         target_params["embed"].dtype)
+    prefill = forward(target_params, cfg, prompts, cache, implementation=spec.implementation)
+    last_logits = jnp.take_along_axis(prefill.logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    first = _first_token(last_logits, step_keys(0), spec)                             # [B]
+    tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)
+    tokens = _write_rows(tokens, first[:, None], prompt_lengths)
+    length = prompt_lengths + 1
+    ctx = Context(tokens, length, prompt_lengths)
+    draft_state = drafter.init(draft_params, ctx, prefill, sp)
+    zeros = jnp.zeros((B,), jnp.int32)
+    state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == eos_id) | (max_new <= 1),
+                      prefill.cache.replace(lengths=prompt_lengths), draft_state, jnp.int32(0),
+                      DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32)))
+
+    def cond(s: LoopState):
+        return jnp.any(~s.done) & (s.step < max_new)
+
+    def body(s: LoopState):
+        ctx = Context(s.tokens, s.length, prompt_lengths)
+        keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))      # [B, 2] keys
+        draft, draft_state = drafter.propose(draft_params, s.draft_state, ctx, keys[:, 0], sp)
+        verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)       # [B, k+1]
+        out = forward(target_params, cfg, verify_in, s.cache, implementation=spec.implementation)
+        if sp.greedy:
+            n, nxt = chain_greedy(draft.tokens, out.logits)
+        else:
+            n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
+        pos = jnp.arange(k + 1)[None, :]
+        new = jnp.where(pos < n[:, None], jnp.pad(draft.tokens, ((0, 0), (0, 1))), nxt[:, None])  # [B, k+1]
+        count = n + 1
+        is_eos = (new == eos_id) & (pos < count[:, None])
+        hit_eos = jnp.any(is_eos, axis=1)
+        count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+        count = jnp.minimum(count, max_new - s.num_new)
+        active = ~s.done
+        count = jnp.where(active, count, 0)
+        tokens = _write_rows(s.tokens, new, s.length)
+        num_new = s.num_new + count
+        done = s.done | (active & hit_eos) | (num_new >= max_new)
+        length = s.length + count
+        ctx = Context(tokens, length, prompt_lengths)
+        draft_state = drafter.commit(draft_params, draft_state, ctx, n, out)
+        a = active.astype(jnp.int32)
+        st = s.stats
+        stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
+                            st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32))
+        return LoopState(tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count),
+                         draft_state, s.step + 1, stats)
+
+    final = lax.while_loop(cond, body, state)
+    return final.tokens, final.num_new, final.stats

@@ -1,0 +1,61 @@
+"""Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the last n committed tokens
+(n from prompt_lookup_max down to prompt_lookup_min) in a source sequence and propose what followed it.
+
+The same matcher serves `ngram` (source = prompt + generated text) and `predicted` (source = the user's prediction).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.base import Context, Draft, last_tokens
+
+
+def match_ends(source: jax.Array, source_len: jax.Array, query: jax.Array) -> jax.Array:
+    """source [L], source_len [], query [n] -> bool [L]: hit[e] iff source[e-n : e] == query and a continuation
+    token source[e] exists (e < source_len)."""
+    n, L = query.shape[0], source.shape[0]
+    ends = jnp.arange(L)
+    hit = (ends >= n) & (ends < source_len)
+    for i in range(n):                                     # n is small and static
+        hit &= jnp.roll(source, n - i) == query[i]         # source[e - n + i]
+    return hit
+
+
+def lookup(source: jax.Array, source_len: jax.Array, query: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Latest earlier occurrence of `query` (which is the tail of `source[:source_len]` itself, so that
+    occurrence cannot match: it has no continuation) -> (found [] bool, continuation [k]), the continuation
+    clipped to the valid part (the last valid token repeats)."""
+    e = jnp.max(jnp.where(match_ends(source, source_len, query), jnp.arange(source.shape[0]), -1))
+    return e >= 0, continuation(source, source_len, e, k)
+
+
+def continuation(source: jax.Array, source_len: jax.Array, start: jax.Array, k: int) -> jax.Array:
+    idx = jnp.clip(start + jnp.arange(k), 0, jnp.maximum(source_len - 1, 0))
+    return source[idx]
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter:
+    num_tokens: int
+    min_n: int = 5
+    max_n: int = 5
+
+    def init(self, params, ctx, target_out, sp):
+        return ()
+
+    def propose(self, params, state, ctx: Context, keys, sp):
+        k = self.num_tokens
+        query = last_tokens(ctx, self.max_n)                                    # [B, max_n]
+        found = jnp.zeros(ctx.length.shape, bool)
+        proposal = jnp.repeat(query[:, -1:], k, axis=1)                         # fallback: repeat last token
+        for n in range(self.max_n, self.min_n - 1, -1):                        # longest match first
+            f, cont = jax.vmap(lambda s, l, q: lookup(s, l, q, k))(ctx.tokens, ctx.length, query[:, -n:])
+            proposal = jnp.where((f & ~found)[:, None], cont, proposal)
+            found |= f
+        return Draft(proposal.astype(jnp.int32)), state
+
+    def commit(self, params, state, ctx, num_accepted, target_out):
+        return state

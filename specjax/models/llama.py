@@ -1,0 +1,146 @@
+"""Llama-family decoder (Llama 2/3, Vicuna, Mistral, Qwen2) as pure functions over a params pytree.
+
+One forward serves prefill (T = prompt), decode (T = 1) and verify (T = k + 1 chain, or T tree nodes with a mask):
+the T new tokens are written into the KV cache at each row's `cache.lengths` and attend to everything before them.
+
+params = {"embed": [V, H], "layers": [{attn_norm [H], wq [H, Hq*D], wk/wv [H, Hkv*D], (bq, bk, bv),
+          wo [Hq*D, H], mlp_norm [H], w_gate/w_up [H, I], w_down [I, H]}, ...], "final_norm": [H],
+          "lm_head": [H, V] (absent when tied)}
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import KVCache
+from specjax.models.config import ModelConfig
+
+
+class ForwardOut(NamedTuple):
+    logits: jax.Array                  # [B, T, V] float32
+    hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
+    layer_hidden: tuple                # outputs of the requested decoder layers, each [B, T, H] (before norm)
+    cache: KVCache                     # new entries written; lengths NOT advanced (the caller commits)
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    rs = cfg.rope_scaling_dict
+    if not rs:
+        return inv
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return inv / rs["factor"]
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = rs.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv
+        lo_wl, hi_wl = old / lo, old / hi
+        scaled = jnp.where(wavelen > lo_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= hi_wl) & (wavelen <= lo_wl)
+        return jnp.where(is_mid, mid, scaled)
+    return inv
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """x [B, T, H, D], positions [B, T]; HF's rotate-half convention."""
+    ang = positions[..., None].astype(jnp.float32) * inv_freq              # [B, T, D/2]
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return (x.astype(jnp.float32) * cos + rot.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def attention(q, k_cache, v_cache, lengths, mask, *, implementation: str, q_positions, sliding_window):
+    """Dispatch to the verify-attention implementation. Lengths include the T new entries."""
+    if implementation == "xla" or sliding_window is not None:
+        from pallas_kernels.verify_attention.reference import verify_attention_reference
+        return verify_attention_reference(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
+                                          sliding_window=sliding_window)
+    from pallas_kernels.verify_attention import verify_attention
+    return verify_attention(q, k_cache, v_cache, lengths, mask, implementation=implementation)
+
+
+def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *,
+            depths: jax.Array | None = None, mask: jax.Array | None = None,
+            hidden_layers: Sequence[int] = (), implementation: str = "xla",
+            input_embeds: jax.Array | None = None) -> ForwardOut:
+    """tokens [B, T] int32. New tokens occupy cache slots lengths .. lengths + T - 1; their RoPE positions are
+    lengths + depths (depths [T] or [B, T]; default arange(T), i.e. a chain). mask: None (causal) or a tree
+    ancestor mask [T, T] / [B, T, T]. Caller must guarantee lengths + T <= cache.size."""
+    B, T = tokens.shape
+    if depths is None:
+        depths = jnp.arange(T, dtype=jnp.int32)
+    positions = cache.lengths[:, None] + jnp.broadcast_to(depths, (B, T))     # [B, T]
+    inv_freq = rope_inv_freq(cfg)
+    new_lengths = cache.lengths + T
+    Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    x = params["embed"][tokens] if input_embeds is None else input_embeds    # [B, T, H]
+    layer_hidden = []
+    for i, lp in enumerate(params["layers"]):
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+        q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+        if cfg.attention_bias:
+            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
+        k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)         # [B, T, Hkv, D]
+        v = v.reshape(B, T, Hkv, D)
+        cache = cache.write(i, k, v, cache.lengths)
+        o = attention(q, cache.k[i], cache.v[i], new_lengths, mask, implementation=implementation,
+                      q_positions=positions, sliding_window=cfg.sliding_window)
+        x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
+        h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+        if i in hidden_layers:
+            layer_hidden.append(x)
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    logits = lm_head(params, hidden)
+    return ForwardOut(logits, hidden, tuple(layer_hidden), cache)
+
+
+def lm_head(params: dict, hidden: jax.Array) -> jax.Array:
+    w = params["lm_head"] if "lm_head" in params else params["embed"].T
+    return (hidden @ w).astype(jnp.float32)
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, std: float = 0.02) -> dict:
+    """Random init (normal(0, std) matrices, unit norms); for tests, benchmarks and training from scratch."""
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    keys = iter(jax.random.split(key, 8 * cfg.num_layers + 2))
+    normal = lambda shape: (std * jax.random.normal(next(keys), shape)).astype(dtype)
+    layers = []
+    for _ in range(cfg.num_layers):
+        lp = {"attn_norm": jnp.ones((H,), dtype), "wq": normal((H, cfg.num_heads * D)),
+              "wk": normal((H, cfg.num_kv_heads * D)), "wv": normal((H, cfg.num_kv_heads * D)),
+              "wo": normal((cfg.num_heads * D, H)) / math.sqrt(2 * cfg.num_layers),
+              "mlp_norm": jnp.ones((H,), dtype), "w_gate": normal((H, I)), "w_up": normal((H, I)),
+              "w_down": normal((I, H)) / math.sqrt(2 * cfg.num_layers)}
+        if cfg.attention_bias:
+            lp.update(bq=normal((cfg.num_heads * D,)), bk=normal((cfg.num_kv_heads * D,)),
+                      bv=normal((cfg.num_kv_heads * D,)))
+        layers.append(lp)
+    params = {"embed": normal((cfg.vocab_size, H)), "layers": layers, "final_norm": jnp.ones((H,), dtype)}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = normal((H, cfg.vocab_size))
+    return params
+
+
+def full_logits(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> jax.Array:
+    """Plain causal forward over whole sequences, no persistent cache: [B, T] -> [B, T, V]."""
+    B, T = tokens.shape
+    cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["embed"].dtype)
+    return forward(params, cfg, tokens, cache, **kw).logits
