@@ -28,3 +28,22 @@ def target():
 @pytest.fixture(scope="session")
 def draft():
     return tiny_model(1, hidden=16, layers=1, heads=2, kv_heads=1, name="tiny-draft")
+
+
+def perturbed(model: Model, scale: float, seed: int = 7, name: str = "perturbed") -> Model:
+    """Same architecture, weights plus noise: a drafter that agrees with the target often but not always."""
+    leaves, treedef = jax.tree_util.tree_flatten(model.params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + scale * jax.random.normal(k_, x.shape, x.dtype) for x, k_ in zip(leaves, keys)]
+    return Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), model.tokenizer, name)
+
+
+def ragged_prompts(batch: int, vocab: int = 61, seed: int = 0) -> list[list[int]]:
+    """Prompts of different lengths with repeated spans, so prompt lookup finds matches."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(batch):
+        span = rng.integers(1, vocab, size=int(rng.integers(2, 6))).tolist()
+        out.append((span * 4)[: int(rng.integers(3, 22))])
+    return out
