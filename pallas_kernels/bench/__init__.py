@@ -1,0 +1,1 @@
+"""Benchmarks for the Pallas kernels (run as modules: python -m pallas_kernels.bench.<name>)."""
