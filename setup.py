@@ -4,7 +4,7 @@ setup(
     name="specjax",
     version="0.1.0",
     description="Speculative decoding in JAX/Pallas: exact, jit-compiled, every drafter in one loop.",
-    packages=["specjax", "specjax.models", "specjax.drafters", "pallas_kernels", "pallas_kernels.verify_attention"],
+    packages=["specjax", "specjax.models", "specjax.drafters", "pallas_kernels", "pallas_kernels.verify_attention", "pallas_kernels.bench"],
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10,<0.13",

@@ -1,6 +1,7 @@
 """Public entry points: load_model() and generate()."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -19,6 +20,7 @@ from specjax.drafters.predicted import PredictedDrafter
 from specjax.metrics import summarize
 from specjax.models.config import ModelConfig
 from specjax.models.llama import full_logits
+from specjax.sharding import shard_for_generate, to_host
 
 CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints")
 
@@ -32,7 +34,7 @@ class Model:
 
     def logits(self, tokens) -> jax.Array:
         """Full forward, no cache: int32 [B, T] -> float32 [B, T, V]."""
-        return _full_logits(self.params, jnp.asarray(tokens, jnp.int32), cfg=self.config)
+        return _full_logits(self.params, self.config, jnp.asarray(tokens, jnp.int32))
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -47,7 +49,7 @@ class Model:
         return self.config.eos_token_id
 
 
-_full_logits = jax.jit(full_logits, static_argnames=("cfg",))
+_full_logits = jax.jit(full_logits, static_argnums=1)
 
 
 def available_models() -> list[str]:
@@ -56,7 +58,7 @@ def available_models() -> list[str]:
     return sorted(d for d in os.listdir(CHECKPOINT_DIR) if os.path.isfile(os.path.join(CHECKPOINT_DIR, d, "config.json")))
 
 
-def load_model(path_or_name: str, dtype=jnp.float32) -> Model:
+def load_model(path_or_name: str, dtype=jnp.float32, mesh=None) -> Model:
     """A Hugging Face Llama/Qwen2/Mistral directory, or the name of a shipped model in checkpoints/."""
     from specjax.models.hf_io import load_pretrained
     path = path_or_name
@@ -66,7 +68,11 @@ def load_model(path_or_name: str, dtype=jnp.float32) -> Model:
             raise FileNotFoundError(f"no model directory {path_or_name!r} and no shipped model of that name "
                                     f"(shipped: {available_models()})")
         path = shipped
-    params, cfg, tokenizer = load_pretrained(path, dtype=dtype)
+    if mesh is not None:         # each tensor read straight into its sharded layout (specjax.sharding)
+        from specjax.sharding import load_pretrained_sharded
+        params, cfg, tokenizer = load_pretrained_sharded(path, mesh, dtype=dtype)
+    else:
+        params, cfg, tokenizer = load_pretrained(path, dtype=dtype)
     return Model(cfg, params, tokenizer, os.path.basename(os.path.normpath(path)))
 
 
@@ -121,7 +127,14 @@ def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[
         if not isinstance(drafter, Model):
             raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model>")
         check_same_vocabulary(target, drafter)
-        return DraftModelDrafter(k, drafter.config, buffer_len, config.implementation), drafter.params
+        steps, topk = (config.num_steps or 0), (config.topk or 0)        # 0: chain or static tree
+        width = config.tree.topk if config.tree is not None else topk
+        if width > target.config.vocab_size:
+            raise ValueError(f"the tree asks for the top-{width} draft tokens per node but the vocabulary has only "
+                             f"{target.config.vocab_size}")
+        extra = DraftModelDrafter.extra_cache_slots(k, steps, topk)
+        return DraftModelDrafter(k, drafter.config, buffer_len + extra, config.implementation, config.tree, steps,
+                                 topk), drafter.params
     if config.method == "predicted":
         if drafter is None or len(drafter) != len(prompts):
             raise ValueError(f"method='predicted' needs drafter=<one prediction per prompt> "
@@ -137,10 +150,12 @@ def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[
 
 
 def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
-             seed: int = 0, request_ids: Sequence[int] | None = None) -> GenerateResult:
+             seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None) -> GenerateResult:
     """Decode each prompt (a string or a list of token ids) with `config.method`. Greedy output equals plain
     greedy decoding token for token; sampled output is distributed exactly as the target's. A request's random
-    stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates."""
+    stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates.
+    mesh: a specjax.sharding.make_mesh() mesh; weights (target and draft) are split over its "model" axis and
+    requests over "data" -- the same tokens as on one device."""
     config = config or SpecConfig()
     ids = _encode_all(model, prompts, "prompt")
     k = config.k
@@ -153,7 +168,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     if longest + config.max_new_tokens > model.config.max_position_embeddings:
         raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
                          f"model's max_position_embeddings={model.config.max_position_embeddings}")
-    P = _round_up(longest, 16)                       # bucketed shapes keep recompiles rare
+    P = max(16, 1 << (longest - 1).bit_length())     # power-of-two prompt buckets keep recompiles rare
     buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
     prompt_arr = np.zeros((len(ids), P), np.int32)
     for i, p in enumerate(ids):
@@ -166,12 +181,18 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     drafter_obj, draft_params = make_drafter(model, config, drafter, ids, buffer_len)
     eos = model.eos_token_id if (config.stop_at_eos and model.eos_token_id is not None) else -1
 
+    params, rows = model.params, [prompt_arr, np.asarray([len(p) for p in ids], np.int32), np.asarray(keys)]
+    if mesh is not None:         # batch padded to the data axis with dummy rows, which are dropped below
+        params, draft_params, rows = shard_for_generate(mesh, model, drafter, draft_params, rows)
+
     t0 = time.perf_counter()
-    tokens, num_new, stats = decode(model.params, draft_params, jnp.asarray(prompt_arr),
-                                    jnp.asarray([len(p) for p in ids], jnp.int32), keys, jnp.int32(eos),
-                                    cfg=model.config, drafter=drafter_obj, spec=config, buffer_len=buffer_len)
-    tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh
+        tokens, num_new, stats = decode(params, draft_params, *rows, jnp.int32(eos), cfg=model.config,
+                                        drafter=drafter_obj, spec=config, buffer_len=buffer_len)
+    n = len(ids)
+    tokens, num_new = to_host(tokens)[:n], to_host(num_new)[:n]
+    stats = jax.tree_util.tree_map(lambda x: to_host(x)[:n], stats)
     wall = time.perf_counter() - t0
     out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
-    return GenerateResult(out, texts, summarize(jax.device_get(stats), num_new, wall, k))
+    return GenerateResult(out, texts, summarize(stats, num_new, wall, k))

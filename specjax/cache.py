@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax.sharding import constrain_cache
+
 
 @flax.struct.dataclass
 class KVCache:
@@ -21,7 +23,8 @@ class KVCache:
     def init(cls, num_layers: int, batch: int, size: int, num_kv_heads: int, head_dim: int,
              dtype=jnp.float32) -> "KVCache":
         shape = (num_layers, batch, size, num_kv_heads, head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+        cache = cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+        return constrain_cache(cache)      # under a mesh: batch over "data", kv heads over "model"
 
     @property
     def size(self) -> int:

@@ -4,7 +4,8 @@ Plain decoding is this loop with the null drafter (k = 0): baseline and speculat
 the drafter, which keeps their comparison fair. The whole generation is a single compiled XLA program.
 
 Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
-first length - 1 of them; the last committed token is fed to the target together with the k drafts.
+first length - 1 of them; the last committed token is fed to the target together with the k drafts (a tree:
+as node 0 of its T = k + 1 nodes, whose accepted root-to-node path is then compacted into contiguous KV slots).
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from jax import lax
 
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
-from specjax.drafters.base import Context, Drafter, last_tokens
+from specjax.drafters.base import Context, Draft, Drafter, last_tokens
 from specjax.models.config import ModelConfig
-from specjax.models.llama import forward
+from specjax.models.llama import ForwardOut, forward
 from specjax.sampling import probabilities, sample
-from specjax.verify import chain_greedy, chain_sampled
+from specjax.verify import chain_greedy, chain_sampled, tree_greedy, tree_sampled
 
 
 class DecodeStats(NamedTuple):
@@ -51,6 +52,32 @@ def _first_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Ar
     if spec.sampling.greedy:
         return jnp.argmax(logits, -1).astype(jnp.int32)
     return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
+
+
+def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft: Draft, cache: KVCache,
+                 key: jax.Array) -> tuple[jax.Array, jax.Array, ForwardOut]:
+    """One target forward over the T tree nodes (root = last committed token), accept a root-to-node path, and
+    compact its KV entries (slots lengths + node index) to contiguous slots from lengths.
+
+    Returns (new [B, D+1]: the path's drafted tokens then the next token, n [B] accepted drafts, the target
+    output gathered along the path, so drafters see it in sequence order like a chain, with the compacted cache).
+    """
+    tree, sp = draft.tree, spec.sampling
+    out = forward(target_params, cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
+                  implementation=spec.implementation)
+    if sp.greedy:
+        path, n, nxt = tree_greedy(tree.tokens, tree.parents, out.logits, tree.max_depth)
+    else:
+        path, n, nxt = tree_sampled(key, tree.tokens, tree.parents, draft.probs, probabilities(out.logits, sp),
+                                    tree.max_depth)
+    idx = jnp.maximum(path, 0)                                                      # [B, D+1], -1 pads -> root
+    pos = jnp.arange(path.shape[1])[None, :]
+    drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
+    new = jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])   # [B, D+1]
+    along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+    out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
+                     out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
+    return new, n, out
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len"))
@@ -88,14 +115,18 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
         ctx = Context(s.tokens, s.length, prompt_lengths)
         keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))      # [B, 2] keys
         draft, draft_state = drafter.propose(draft_params, s.draft_state, ctx, keys[:, 0], sp)
-        verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)       # [B, k+1]
-        out = forward(target_params, cfg, verify_in, s.cache, implementation=spec.implementation)
-        if sp.greedy:
-            n, nxt = chain_greedy(draft.tokens, out.logits)
-        else:
-            n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
-        pos = jnp.arange(k + 1)[None, :]
-        new = jnp.where(pos < n[:, None], jnp.pad(draft.tokens, ((0, 0), (0, 1))), nxt[:, None])  # [B, k+1]
+        if draft.tree is None:                                                          # chain
+            verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)   # [B, k+1]
+            out = forward(target_params, cfg, verify_in, s.cache, implementation=spec.implementation)
+            if sp.greedy:
+                n, nxt = chain_greedy(draft.tokens, out.logits)
+            else:
+                n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
+            pos = jnp.arange(k + 1)[None, :]
+            new = jnp.where(pos < n[:, None], jnp.pad(draft.tokens, ((0, 0), (0, 1))), nxt[:, None])  # [B, k+1]
+        else:                                                                           # tree of k + 1 nodes
+            new, n, out = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1])
+            pos = jnp.arange(new.shape[1])[None, :]                                     # [1, D+1]
         count = n + 1
         is_eos = (new == eos_id) & (pos < count[:, None])
         hit_eos = jnp.any(is_eos, axis=1)

@@ -46,13 +46,13 @@ def probabilities(logits: jax.Array, sp: SamplingParams) -> jax.Array:
         logits = jnp.where(logits >= kth, logits, -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
     if sp.top_p < 1.0:
-        order = jnp.argsort(-probs, axis=-1)
-        sorted_p = jnp.take_along_axis(probs, order, axis=-1)
-        before = jnp.cumsum(sorted_p, axis=-1) - sorted_p            # mass strictly above each token
-        keep_sorted = before < sp.top_p                              # smallest prefix reaching top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
-        probs = jnp.where(keep, probs, 0.0)
+        # Keep the smallest set of most likely tokens whose mass reaches top_p; ties at the cut are kept (as in
+        # top-k), so the rule is a threshold on p and needs no scatter.
+        sorted_p = -jnp.sort(-probs, axis=-1)
+        before = jnp.cumsum(sorted_p, axis=-1) - sorted_p            # mass strictly above each sorted token
+        num_keep = jnp.sum(before < sp.top_p, axis=-1, keepdims=True)
+        cutoff = jnp.take_along_axis(sorted_p, num_keep - 1, axis=-1)
+        probs = jnp.where(probs >= cutoff, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
 

@@ -176,6 +176,9 @@ class Tree:
     mask: jax.Array      # [B, T, T] bool, node sees itself and its ancestors
     scores: jax.Array    # [B, T] float32, cumulative draft log-prob of each node (root 0; 0 for static trees)
     source: jax.Array    # [B, T] int32, flat candidate index each node came from (root -1); static: t - 1
+    # Static bound on node depth: verification walks this many levels and returns paths of max_depth + 1 nodes.
+    # None = unknown (consumers fall back to T - 1, enough for any tree).
+    max_depth: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
 
 def tree_from_spec(spec: TreeSpec, tokens: jax.Array) -> Tree:
@@ -186,7 +189,7 @@ def tree_from_spec(spec: TreeSpec, tokens: jax.Array) -> Tree:
     rows = lambda a: jnp.broadcast_to(jnp.asarray(a), (b,) + a.shape)
     return Tree(tokens=tokens.astype(jnp.int32), parents=rows(spec.parents), depths=rows(spec.depths),
                 mask=rows(spec.mask), scores=jnp.zeros((b, t), jnp.float32),
-                source=rows(np.arange(-1, t - 1, dtype=np.int32)))
+                source=rows(np.arange(-1, t - 1, dtype=np.int32)), max_depth=spec.max_depth)
 
 
 def _walk_up(parents: jax.Array, start: jax.Array, steps: int) -> jax.Array:
@@ -232,6 +235,24 @@ def is_leaf(parents: jax.Array) -> jax.Array:
     """parents [..., T] -> [..., T] bool: no node names this one as its parent."""
     t = parents.shape[-1]
     return ~jnp.any(parents[..., :, None] == jnp.arange(t), axis=-2)
+
+
+def children_from_parents(parents: jax.Array, width: int) -> jax.Array:
+    """parents [..., T] -> children [..., T, width] int32: each node's children in index order, -1 padded.
+
+    Index order is rank order for static trees (breadth-first lexicographic) and for build_dynamic_tree
+    (candidates of one parent are its top-K in descending draft probability). width must be >= the largest
+    number of children of any node (static); extra children would be dropped.
+    """
+    t = parents.shape[-1]
+    iota = jnp.arange(t, dtype=jnp.int32)
+    is_child = parents[..., None, :] == iota[:, None]                   # [..., T parent, T child]
+    key = jnp.where(is_child, -iota, -t)                               # top_k picks the smallest indices first
+    vals, idx = lax.top_k(key, min(width, t))
+    kids = jnp.where(vals > -t, idx, -1).astype(jnp.int32)
+    if width > t:
+        kids = jnp.concatenate([kids, jnp.full(kids.shape[:-1] + (width - t,), -1, jnp.int32)], axis=-1)
+    return kids
 
 
 def path_to_node(parents: jax.Array, node: jax.Array, max_depth: int) -> jax.Array:
@@ -348,4 +369,4 @@ def build_dynamic_tree(root_token: jax.Array, cand_tokens: jax.Array, cand_logp:
     return Tree(tokens=jnp.concatenate([root_token.reshape(b, 1), tokens], axis=1).astype(jnp.int32),
                 parents=parents, depths=depths, mask=mask_from_parents(parents),
                 scores=jnp.concatenate([jnp.zeros((b, 1)), jnp.take_along_axis(cum, chosen, axis=1)], axis=1),
-                source=jnp.concatenate([neg1, chosen], axis=1))
+                source=jnp.concatenate([neg1, chosen], axis=1), max_depth=d)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+from specjax.trees import TreeSpec, children_from_parents, mask_from_parents, path_to_node
 
 
 def leading_true(accept: jax.Array) -> jax.Array:
@@ -48,8 +51,116 @@ def chain_sampled(keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Arr
         k_accept, k_next = jax.random.split(key)
         u = jax.random.uniform(k_accept, (k,))
         n = leading_true(u * q_d < p_d)                  # u < p/q without dividing; p == 0 never accepts
-        q_n = jnp.where(n < k, q[jnp.minimum(n, k - 1)], 0.0)
+        q_n = jnp.where(n < k, q[jnp.minimum(n, k - 1)], 0.0) if k else 0.0
         dist = residual_distribution(p[n], q_n)          # n == k: q_n = 0, so this is p_{k+1} (the bonus)
         return n, jax.random.categorical(k_next, jnp.log(dist)).astype(jnp.int32)
 
     return jax.vmap(row)(keys, p_d, q_d, target_probs, draft_probs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trees. Node 0 is the root (the last committed token); every other node t has a parent < t; target_*[:, t] is
+# the target's distribution for the token AFTER node t (it attends to t and t's ancestors), so a child c of t is
+# checked against target_*[:, t]. Paths are root-first node indices, -1 padded to max_depth + 1.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _tree_parents(parents: jax.Array | TreeSpec, batch: int, num_nodes: int,
+                  max_depth: int | None) -> tuple[jax.Array, int]:
+    """-> (parents [B, T] int32, static max_depth). A TreeSpec gives both; otherwise max_depth defaults to T - 1."""
+    if isinstance(parents, TreeSpec):
+        if parents.num_nodes != num_nodes:
+            raise ValueError(f"the tree has {parents.num_nodes} nodes, the tokens have {num_nodes} per row")
+        max_depth = parents.max_depth if max_depth is None else max_depth
+        parents = parents.parents
+    parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, num_nodes))
+    return parents, (num_nodes - 1 if max_depth is None else max_depth)
+
+
+def tree_greedy(tree_tokens: jax.Array, parents: jax.Array | TreeSpec, target_logits: jax.Array,
+                max_depth: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """tree_tokens [B, T] (root first), parents [B, T] / [T] / TreeSpec, target_logits [B, T, V] ->
+    (path [B, D+1] root-first node indices, -1 padded; num_accepted [B] drafted nodes on it; next_token [B]).
+
+    The path is the deepest node whose every node matches the target's argmax at its parent (first in node
+    order on ties), and next_token is the target's argmax after it.
+    """
+    B, T = tree_tokens.shape
+    parents, max_depth = _tree_parents(parents, B, T, max_depth)
+    target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)            # [B, T]
+    wanted = jnp.take_along_axis(target_tokens, jnp.maximum(parents, 0), axis=1)    # [B, T] argmax at parent
+    ok = (tree_tokens == wanted) | (parents < 0)                                     # the root is committed
+    mask = mask_from_parents(parents)                                                # [B, T, T]
+    good = jnp.all(~mask | ok[:, None, :], axis=-1)                                 # [B, T] whole path matches
+    depths = jnp.sum(mask, axis=-1).astype(jnp.int32) - 1                            # [B, T]
+    best = jnp.argmax(jnp.where(good, depths, -1), axis=1).astype(jnp.int32)        # [B]
+    n = jnp.take_along_axis(depths, best[:, None], axis=1)[:, 0]
+    next_token = jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]
+    return path_to_node(parents, best, max_depth), n, next_token
+
+
+def tree_sampled(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | TreeSpec,
+                 draft_probs: jax.Array | None, target_probs: jax.Array,
+                 max_depth: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Multi-draft recursive rejection sampling (SpecInfer; EAGLE): the output is distributed as the target's.
+
+    keys [B], tree_tokens [B, T], parents [B, T] / [T] / TreeSpec, target_probs [B, T, V]; returns what
+    tree_greedy returns. Starting at the root with p = target_probs[node], try the node's children in rank
+    (index) order; accept child c (token x) with probability min(1, p(x) / q_c(x)), then descend into c with
+    p = target_probs[c]. On rejection p <- norm(max(0, p - q_c)) (residual_distribution). When every child is
+    rejected, sample from the residual; at an accepted leaf, sample the bonus token from its p. Each sibling
+    test is an ordinary speculative-sampling step for p_c against q_c, and p_{c+1} (the residual) does not
+    depend on which token was drafted, so by induction from the last sibling each level outputs p.
+
+    Which q_c the children of a node were drafted from (draft_probs decides; both cases are exact):
+      (a) draft_probs None: deterministic children (top-k of the drafter, any fixed rule). q_c = one_hot(x_c):
+          accept with probability p(x_c); on rejection p loses x_c and is renormalised.
+      (b) draft_probs [B, T, V]: children of node t sampled WITHOUT replacement from q = draft_probs[:, t]
+          (e.g. Gumbel top-k), in sampling order. Sibling c's token is then distributed as q with the earlier
+          siblings' tokens removed and renormalised, so that is q_c (a child with q_c(x) = 0, e.g. support
+          exhausted, is skipped). The residual uses the same q_c.
+    """
+    B, T = tree_tokens.shape
+    V = target_probs.shape[-1]
+    parents, max_depth = _tree_parents(parents, B, T, max_depth)
+    kids = children_from_parents(parents, T - 1 if T > 1 else 1)                       # [B, T, C]
+    C = kids.shape[-1]
+    one_hot = draft_probs is None
+    if one_hot:                                                                      # never read; keeps one loop
+        draft_probs = jnp.zeros((B, 1, 1), target_probs.dtype)
+
+    def row(key, tokens, kids, q_all, p_all):              # one row: tokens [T], kids [T, C], p_all [T, V]
+        k_accept, k_next = jax.random.split(key)
+        u = jax.random.uniform(k_accept, (T,))             # one uniform per node: each is tested at most once
+
+        def level(s):                                      # test `node`'s children; descend or stop
+            node, p, q, _ = s
+
+            def try_child(t):
+                j, p, q, _ = t
+                c = kids[node, j]
+                x = tokens[c]
+                if one_hot:
+                    accept = u[c] < p[x]
+                    p = jnp.where(accept, p, residual_distribution(p, jax.nn.one_hot(x, V, dtype=p.dtype)))
+                else:
+                    qx = q[x]
+                    accept = (qx > 0) & (u[c] * qx < p[x])  # u < p/q without dividing
+                    p = jnp.where(accept | (qx == 0), p, residual_distribution(p, q))
+                    q = jnp.where(jnp.arange(V) == x, 0.0, q)   # the next sibling was drawn without x
+                    q = q / jnp.maximum(jnp.sum(q), 1e-30)
+                return j + 1, p, q, jnp.where(accept, c, -1)
+
+            more = lambda t: (t[0] < C) & (t[3] < 0) & (kids[node, jnp.minimum(t[0], C - 1)] >= 0)
+            _, p, _, chosen = lax.while_loop(more, try_child, (jnp.int32(0), p, q, jnp.int32(-1)))
+            down = chosen >= 0
+            node = jnp.where(down, chosen, node)
+            return node, jnp.where(down, p_all[node], p), q_all[0 if one_hot else node], ~down
+
+        node, p, _, _ = lax.while_loop(lambda s: ~s[3], level,
+                                       (jnp.int32(0), p_all[0], q_all[0], jnp.bool_(False)))
+        return node, jax.random.categorical(k_next, jnp.log(p)).astype(jnp.int32)
+
+    node, next_token = jax.vmap(row)(keys, tree_tokens, kids, draft_probs, target_probs)
+    path = path_to_node(parents, node, max_depth)
+    n = jnp.sum(path >= 0, axis=1).astype(jnp.int32) - 1
+    return path, n, next_token

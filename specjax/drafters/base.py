@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from specjax.models.llama import ForwardOut
 from specjax.sampling import SamplingParams
+from specjax.trees import Tree
 
 
 class Context(NamedTuple):
@@ -23,8 +24,12 @@ class Context(NamedTuple):
 
 
 class Draft(NamedTuple):
+    """A chain (tree None): tokens [B, k], probs [B, k, V] the distributions they were sampled from.
+    A tree: tokens = tree.tokens[:, 1:] (the drafted nodes), probs [B, T, V] per node t the distribution
+    t's children were sampled from without replacement (verify.tree_sampled case b). None = deterministic."""
     tokens: jax.Array                 # [B, k] proposed continuation of the committed sequence
-    probs: jax.Array | None = None    # [B, k, V] the distributions they were sampled from; None = deterministic
+    probs: jax.Array | None = None    # chain [B, k, V] / tree [B, T, V]; None = deterministic drafts
+    tree: Tree | None = None          # T = k + 1 nodes; node 0 is the last committed token
 
 
 class Drafter(Protocol):

@@ -212,8 +212,10 @@ def load_tokenizer(path: str, cfg: ModelConfig | None = None):
     return tok
 
 
-def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True):
-    """Read a Hugging Face Llama/Mistral/Qwen2 checkpoint directory -> (params, ModelConfig, tokenizer or None)."""
+def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True, place=None):
+    """Read a Hugging Face Llama/Mistral/Qwen2 checkpoint directory -> (params, ModelConfig, tokenizer or None).
+    place(leaf_key, lazy memory-mapped array) -> jax.Array, if given, puts each tensor on devices itself
+    (specjax.sharding.load_pretrained_sharded: each device copies only its slice)."""
     path = os.fspath(path)
     cfg = load_config(path)
     tensors = _open_weights(path)
@@ -238,19 +240,21 @@ def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True
         desc = "; ".join(f"{k}: checkpoint {list(got)} vs config {list(want)}" for k, got, want in bad[:5])
         raise ValueError(f"tensor shape mismatch between {path} weights and {CONFIG_NAME}: {desc}")
 
-    def get(name: str, transpose: bool):
+    def get(name: str, transpose: bool, key: str):
         a = tensors[name].get(name)
         if transpose:
             a = a.T
+        if place is not None:
+            return place(key, a)
         return jnp.asarray(np.array(a), dtype=dtype)         # np.array: copy out of the memory map
 
     layers = []
     for i in range(cfg.num_layers):
-        layers.append({key: get(f"model.layers.{i}.{suffix}", tr) for key, suffix, tr in _layer_map(cfg)})
-    params = {"embed": get("model.embed_tokens.weight", False), "layers": layers,
-              "final_norm": get("model.norm.weight", False)}
+        layers.append({key: get(f"model.layers.{i}.{suffix}", tr, key) for key, suffix, tr in _layer_map(cfg)})
+    params = {"embed": get("model.embed_tokens.weight", False, "embed"), "layers": layers,
+              "final_norm": get("model.norm.weight", False, "final_norm")}
     if not cfg.tie_word_embeddings:
-        params["lm_head"] = get("lm_head.weight", True)
+        params["lm_head"] = get("lm_head.weight", True, "lm_head")
     tok = load_tokenizer(path, cfg) if load_tokenizer_file else None
     return params, cfg, tok
 

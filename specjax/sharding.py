@@ -1,0 +1,226 @@
+"""Scale past one device: a ("data", "model") jax.sharding Mesh; tensor-parallel weights, data-parallel batch.
+
+    mesh = make_mesh(data=2, model=4)
+    model = specjax.load_model("/ckpt/llama-70b", dtype=jnp.bfloat16, mesh=mesh)   # straight into the layout
+    specjax.generate(model, prompts, SpecConfig(method="draft_model", num_speculative_tokens=4),
+                     drafter=draft, mesh=mesh)
+
+Layout (Megatron-style, so each decoder layer costs two all-reduces over "model"):
+  wq/wk/wv [H, heads*D] and w_gate/w_up [H, I]: columns (heads, intermediate) over "model"; bq/bk/bv likewise;
+  wo [Hq*D, H] and w_down [I, H]: rows over "model" (their matmul ends in an all-reduce);
+  embed [V, H] and lm_head [H, V]: vocabulary over "model"; norms replicated;
+  KV cache [L, B, S, Hkv, D]: batch over "data", kv heads over "model"; batch rows of every input over "data".
+Heads are contiguous blocks, so device i holds q heads i*Hq/m.. and exactly the kv heads they read (GQA groups
+never straddle devices). A draft model is a Llama too and gets the same specs; the drafters hold no sharding
+code: the jit'd loop is traced under the mesh, KVCache.init pins its buffers to CACHE_SPEC (constrain_cache), and XLA's
+sharding propagation does the rest. Greedy output is the same tokens as on one device (tests/test_sharding.py).
+
+Multi-host: call jax.distributed.initialize(coordinator, num_processes, process_id) in every process before
+any other jax call, then build the same mesh over jax.devices() (all processes' devices) and run the same
+generate() everywhere. load_pretrained_sharded reads only the slices of the addressable devices; outputs are
+all-gathered so every process gets every row (tests/_multihost_worker.py: 2 processes x 4 CPU devices).
+
+Memory arithmetic, Llama 3.1 70B in bf16 (2 bytes): L=80, H=8192, I=28672, Hq=64, Hkv=8, D=128, V=128256.
+  Params: per layer 2*H*Hq*D (wq, wo) + 2*H*Hkv*D (wk, wv) + 3*H*I (MLP) + 2*H (norms) = 855.7M; x80 = 68.45B;
+  embed + lm_head 2*V*H = 2.10B; total 70.55B params = 141.1 GB (131.4 GiB) -- more than any one device.
+  KV cache per token: 2 (k, v) * L * Hkv * D * 2 bytes = 327,680 B = 320 KiB; one 8k-context request
+  (8192 tokens) = 2.68 GB (2.5 GiB). A Llama 3.2 1B drafter adds 2.47 GB of weights and 32 KiB/token
+  (0.27 GB per 8k request); its dims divide 8, so it is split like the target.
+  8 accelerators, mesh (1, 8): 17.6 GB of target weights per device (+0.31 GB drafter); each device holds 1 of
+  the 8 kv heads: 40 KiB/token, 336 MB per 8k request (+34 MB drafter). On 80 GiB parts (H100/A100-80G:
+  85.9 GB) ~63 GB stay free after weights and ~5 GB of activations/XLA scratch: ~187 concurrent 8k requests
+  (~170 with the drafter's cache), i.e. ~1.5M cached tokens. On 16 GB parts (TPU v5e) the weights alone
+  (17.6 GB) do not fit; on 32 GiB parts (TPU v4) ~11 GB remain: ~30 requests of 8k.
+  16 accelerators: mesh (1, 16) is rejected -- 16 does not divide Hkv=8 (validate_mesh says so); use (2, 8):
+  two replicas of the 8-way layout, each serving half the batch, so per-device memory is as above and the
+  capacity doubles (~370 requests of 8k on 80 GiB parts). 16 x 16 GB parts (256 GB in all) would hold the
+  weights only with a 16-way split (8.8 GB each), which needs each kv head replicated on 2 devices (not
+  implemented here).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+if TYPE_CHECKING:   # a runtime import would cycle: models/__init__ -> llama -> cache -> sharding
+    from specjax.models.config import ModelConfig
+
+AXES = ("data", "model")
+
+# Spec of each params leaf, by its key in the layout of specjax.models.llama (see its docstring).
+_LEAF_SPECS: dict[str, P] = {
+    "embed": P("model", None), "lm_head": P(None, "model"), "final_norm": P(),
+    "attn_norm": P(), "mlp_norm": P(),
+    "wq": P(None, "model"), "wk": P(None, "model"), "wv": P(None, "model"),
+    "bq": P("model"), "bk": P("model"), "bv": P("model"),
+    "wo": P("model", None), "w_gate": P(None, "model"), "w_up": P(None, "model"), "w_down": P("model", None),
+}
+CACHE_SPEC = P(None, "data", None, "model", None)        # KVCache.k / .v [L, B, S, Hkv, D]
+LENGTHS_SPEC = P("data")                                  # KVCache.lengths [B]
+
+
+def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, model) mesh over `devices` (default: all of jax.devices(), every process's in multi-host)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if data < 1 or model < 1 or data * model != len(devices):
+        raise ValueError(f"mesh data={data} x model={model} = {data * model} devices, but {len(devices)} "
+                         f"device(s) were given")
+    return Mesh(np.array(devices).reshape(data, model), AXES)
+
+
+def _axis(mesh, name: str) -> int:
+    return dict(zip(mesh.axis_names, mesh.axis_sizes)).get(name, 1)
+
+
+def validate_mesh(cfg: ModelConfig, mesh: Mesh, batch: int | None = None, what: str = "model") -> None:
+    """Raise ValueError naming the dimension when the mesh cannot shard this model (or this batch)."""
+    if tuple(mesh.axis_names) != AXES:
+        raise ValueError(f"mesh axes must be {AXES}, got {tuple(mesh.axis_names)}; build it with make_mesh()")
+    m = _axis(mesh, "model")
+    for name in ("num_kv_heads", "num_heads", "intermediate_size", "vocab_size"):
+        v = getattr(cfg, name)
+        if v % m:
+            raise ValueError(f"mesh 'model' axis of size {m} does not divide the {what}'s {name}={v}; "
+                             f"tensor parallelism splits {name} evenly over the 'model' axis: pick a model "
+                             f"axis size that divides {v}")
+    d = _axis(mesh, "data")
+    if batch is not None and batch % d:
+        raise ValueError(f"mesh 'data' axis of size {d} does not divide the batch of {batch} rows "
+                         f"(generate(mesh=...) pads the batch itself; pad it to a multiple of {d})")
+
+
+def _fit(spec: P, shape: tuple[int, ...], mesh) -> P:
+    """Drop mesh axes from dims they do not divide (those dims are replicated instead)."""
+    return P(*[a if a is None or shape[i] % _axis(mesh, a) == 0 else None for i, a in enumerate(spec)])
+
+
+def leaf_spec(key: str) -> P:
+    if key not in _LEAF_SPECS:
+        raise ValueError(f"no sharding rule for params leaf {key!r}")
+    return _LEAF_SPECS[key]
+
+
+def param_specs(cfg: ModelConfig, params: Any, mesh: Mesh | None = None) -> Any:
+    """PartitionSpec pytree matching `params`. With `mesh`, dims the mesh axis does not divide are replicated
+    (used for small draft models, e.g. 1 kv head on 8 devices); the target is checked by validate_mesh."""
+    del cfg  # the layout depends only on the leaf names; cfg is taken for symmetry with validate_mesh
+    def spec(path, x):
+        key = next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)
+        s = leaf_spec(key)
+        return _fit(s, x.shape, mesh) if mesh is not None else s
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def cache_spec(cfg: ModelConfig | None = None, mesh: Mesh | None = None) -> P:
+    """Spec of KVCache.k / .v; kv heads are replicated when the model axis does not divide them."""
+    if cfg is not None and mesh is not None and cfg.num_kv_heads % _axis(mesh, "model"):
+        return P(None, "data", None, None, None)
+    return CACHE_SPEC
+
+
+def put(x, sharding: NamedSharding) -> jax.Array:
+    """Place x (host or device array) with `sharding`; works when the mesh spans several processes too (every
+    process passes the same value and fills only its own devices)."""
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        return x                                              # already in place: no copy
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """Place every leaf with its NamedSharding (dims the mesh does not divide stay replicated)."""
+    specs = param_specs(cfg, params, mesh)
+    return jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(mesh, s)), params, specs)
+
+
+def constrain_cache(cache):
+    """Pin a KVCache's buffers to CACHE_SPEC when traced under a ("data", "model") mesh (jax.set_mesh);
+    a no-op otherwise. Called by KVCache.init, so target and draft caches both start in the layout."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or tuple(mesh.axis_names) != AXES:
+        return cache
+    kv = _fit(CACHE_SPEC, cache.k.shape, mesh)
+    wsc = jax.lax.with_sharding_constraint
+    return cache.replace(k=wsc(cache.k, kv), v=wsc(cache.v, kv),
+                         lengths=wsc(cache.lengths, _fit(LENGTHS_SPEC, cache.lengths.shape, mesh)))
+
+
+# ----------------------------------------------------------------------------------- batches for generate()
+
+def pad_rows(x: np.ndarray, multiple: int) -> np.ndarray:
+    """Pad the leading (batch) dim to a multiple with copies of the last row: a copy finishes exactly when its
+    original does, so dummy rows never keep the decode loop running longer."""
+    n = x.shape[0]
+    extra = -n % multiple
+    return x if not extra else np.concatenate([x, np.repeat(x[-1:], extra, axis=0)], axis=0)
+
+
+def shard_rows(x, mesh: Mesh) -> jax.Array:
+    """Place an array with its leading (batch) dim over "data", the rest replicated."""
+    return put(x, NamedSharding(mesh, P("data", *([None] * (np.ndim(x) - 1)))))
+
+
+def is_llama_params(tree: Any) -> bool:
+    return isinstance(tree, dict) and "layers" in tree and "embed" in tree
+
+
+def shard_for_generate(mesh: Mesh, model, drafter: Any, draft_params: Any, rows: Sequence[np.ndarray]):
+    """-> (target params, draft params, rows) placed on `mesh`, for specjax.generate(mesh=...).
+    The target must shard evenly (validate_mesh). Drafter params are either a Llama params pytree (same
+    specs as the target; dims the mesh does not divide, e.g. a 1-kv-head draft model, stay replicated) or
+    per-request arrays with a leading batch dim (padded like `rows` and split over "data").
+    rows: per-request host arrays (prompts, lengths, keys), padded to a multiple of the data axis."""
+    validate_mesh(model.config, mesh)
+    d = _axis(mesh, "data")
+    rows = [shard_rows(pad_rows(np.asarray(r), d), mesh) for r in rows]
+    params = shard_params(model.params, model.config, mesh)
+    if is_llama_params(draft_params):
+        draft_params = shard_params(draft_params, getattr(drafter, "config", model.config), mesh)
+    else:
+        draft_params = jax.tree_util.tree_map(lambda x: shard_rows(pad_rows(np.asarray(x), d), mesh),
+                                              draft_params)
+    return params, draft_params, rows
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """Whole array on this host; all-gathers across processes when other hosts hold some of the shards."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+# -------------------------------------------------------------------------------------------- sharded loading
+
+def placer(mesh: Mesh, dtype) -> Callable[[str, np.ndarray], jax.Array]:
+    """place(leaf key, host array) -> sharded jax.Array. The host array may be a lazy memory-mapped (and
+    transposed) view: each device's callback copies only its own slice, so no device, and no host buffer,
+    ever holds the whole tensor."""
+    np_dtype = np.dtype(dtype)
+
+    def place(key: str, a: np.ndarray) -> jax.Array:
+        sharding = NamedSharding(mesh, _fit(leaf_spec(key), a.shape, mesh))
+        return jax.make_array_from_callback(a.shape, sharding, lambda idx: np.asarray(a[idx], dtype=np_dtype))
+    return place
+
+
+def load_pretrained_sharded(path, mesh: Mesh, dtype=np.float32, *, load_tokenizer_file: bool = True):
+    """specjax.models.hf_io.load_pretrained, but each tensor goes straight into its sharded layout on `mesh`.
+    The config is validated against the mesh before any weight is read."""
+    from specjax.models.hf_io import load_config, load_pretrained
+    validate_mesh(load_config(path), mesh)
+    return load_pretrained(path, dtype, load_tokenizer_file=load_tokenizer_file, place=placer(mesh, dtype))
+
+
+def bytes_per_device(tree: Any) -> dict[jax.Device, int]:
+    """Bytes of `tree`'s shards resident on each device (replicated leaves count on every device)."""
+    out: dict[jax.Device, int] = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        for s in x.addressable_shards:
+            out[s.device] = out.get(s.device, 0) + s.data.nbytes
+    return out

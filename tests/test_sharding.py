@@ -1,0 +1,88 @@
+"""Sharded decoding on 8 virtual CPU devices gives the same tokens as one device.
+
+jax fixes its device count when it first starts, and this pytest process already started it with one device, so
+the checks run in a subprocess (tests/_sharding_worker.py) with XLA_FLAGS=--xla_force_host_platform_device_count=8
+and report JSON; the tests here assert on it. The multi-process test runs tests/_multihost_worker.py; it is
+marked slow (`make test` deselects it with -m "not slow", `make test-all` runs it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MESHES = ["1x8", "2x4", "8x1"]
+
+
+def cpu_env(devices: int) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_worker(script: str, *args: str, devices: int = 8, timeout: int = 600) -> dict:
+    proc = subprocess.run([sys.executable, os.path.join(HERE, script), *args], env=cpu_env(devices), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{script} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    return run_worker("_sharding_worker.py")
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("method", ["none", "draft_model", "ngram"])
+def test_same_tokens_as_one_device(result, method, mesh):
+    tokens = result["tokens"]
+    assert tokens[f"{method}@{mesh}"] == tokens[f"{method}@single"]
+    assert tokens[f"{method}@single"] == tokens["none@single"]           # greedy speculative == plain
+    if method != "none":
+        stats = result["stats"][f"{method}@{mesh}"]
+        assert stats["accepted"] > 0 and stats["rejected"] > 0, stats     # acceptance and rollback both ran
+
+
+def test_small_draft_model_with_undividable_heads(result):
+    # 1 kv head cannot be split 4 ways: the draft model's heads stay replicated, the target is still split.
+    tokens = result["tokens"]
+    assert tokens["draft_model-small@2x4"] == tokens["draft_model-small@single"] == tokens["none@single"]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_params_bytes_per_device(result, mesh):
+    mem = result["memory"]
+    data, model = map(int, mesh.split("x"))
+    # Everything but the norms is divided by the model axis; the norms are replicated on every device.
+    expect = (mem["total"] - mem["norms"]) / model + mem["norms"]
+    assert len(mem[mesh]) == 8
+    assert all(b == pytest.approx(expect, rel=1e-6) for b in mem[mesh]), (mem[mesh], expect)
+    assert all(b <= mem["total"] / model + mem["norms"] for b in mem[mesh])
+
+
+def test_clear_errors(result):
+    err = result["errors"]
+    assert err["kv_heads"] and "'model' axis of size 8 does not divide" in err["kv_heads"]
+    assert "num_kv_heads=4" in err["kv_heads"]
+    assert err["vocab"] and "vocab_size=61" in err["vocab"]
+    assert err["batch"] and "'data' axis of size 2 does not divide the batch of 5" in err["batch"]
+
+
+def test_load_into_sharded_layout(result):
+    load = result["load"]
+    assert load["equal"] and load["specs_ok"]
+    assert load["wq_shard_shape"] == [64, 16]                 # wq [64, 64] columns split over model=4
+    assert load["tokens"] == result["tokens"]["none@single"]
+
+
+@pytest.mark.slow
+def test_multihost_two_processes():
+    """2 processes x 4 CPU devices joined by jax.distributed (coordinator on localhost): same tokens."""
+    out = run_worker("_multihost_worker.py", "--launch", devices=4, timeout=900)
+    assert out["ok"], out
