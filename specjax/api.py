@@ -177,7 +177,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     if len(rids) != len(ids):
         raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
     base = jax.random.PRNGKey(seed)
-    keys = jnp.stack([jax.random.fold_in(base, r) for r in rids])
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.asarray(rids, jnp.uint32))
     drafter_obj, draft_params = make_drafter(model, config, drafter, ids, buffer_len)
     eos = model.eos_token_id if (config.stop_at_eos and model.eos_token_id is not None) else -1
 

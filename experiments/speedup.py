@@ -1,0 +1,152 @@
+"""The main experiment: speculative vs plain decoding on the same target, measured in one run, beside the analytic
+prediction from the measured alpha, draft cost c and verify-cost ratio.
+
+  python -m experiments.speedup                                   # shipped models, HumanEval + stdlib prompts
+  python -m experiments.speedup --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
+
+Each run is prompt_set:method:k[:tree], where tree is `dyn<D>x<K>` (an EAGLE-2-style dynamic tree of depth D,
+top-K children, k drafted nodes, pruned by cumulative draft log-probability) or `static<N>` (a fixed tree of
+N = k choices: the most probable-looking shapes, rank-0-first). Tree and chain at the same k draft and verify the
+same number of tokens per step. Prompts are decoded one at a time (batch 1), as in the papers' tables.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags
+import jax
+import numpy as np
+
+import specjax
+from specjax import SpecConfig, analysis
+from specjax.api import make_drafter
+from experiments import costs
+from experiments.prompts import load_prompt_set
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("target", "stdlib-target", "target model: shipped name or HF directory")
+flags.DEFINE_string("draft", "stdlib-draft", "draft model for method draft_model")
+flags.DEFINE_list("runs", ["humaneval:draft_model:4", "humaneval:draft_model:4:dyn4x2", "humaneval:ngram:4",
+                           "stdlib:draft_model:4", "stdlib:ngram:4"], "prompt_set:method:k[:tree] entries")
+flags.DEFINE_integer("num_prompts", 6, "prompts per prompt set")
+flags.DEFINE_integer("max_new_tokens", 96, "tokens generated per prompt")
+flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactness column compares tokens with plain decoding)")
+flags.DEFINE_integer("top_k", 0, "top-k (0 = off)")
+flags.DEFINE_float("top_p", 1.0, "top-p (1 = off)")
+flags.DEFINE_integer("prompt_lookup_min", 1, "ngram: shortest n-gram tried")
+flags.DEFINE_integer("prompt_lookup_max", 4, "ngram: longest n-gram tried")
+flags.DEFINE_integer("seed", 0, "sampling seed")
+
+
+def tree_fields(tree: str, k: int) -> dict:
+    """`dyn<D>x<K>` -> dynamic tree; `static` -> a fixed k-node tree (two branches at every depth near the root)."""
+    if not tree:
+        return dict(num_speculative_tokens=k)
+    if tree.startswith("dyn"):
+        depth, topk = map(int, tree[3:].split("x"))
+        return dict(num_steps=depth, topk=topk, num_draft_tokens=k + 1)
+    if tree == "static":
+        from specjax.trees import normalize_choices
+        choices, frontier = [], [()]
+        while len(choices) < k:                     # breadth-first, two children per node, rank 0 first
+            nxt = []
+            for node in frontier:
+                for r in (0, 1):
+                    if len(choices) < k:
+                        choices.append(node + (r,))
+                        nxt.append(node + (r,))
+            frontier = nxt
+        return dict(tree_choices=tuple(normalize_choices(choices)))
+    raise ValueError(f"unknown tree {tree!r}: use dyn<D>x<K> or static")
+
+
+def spec_config(method: str, k: int | None, tree: str = "") -> SpecConfig:
+    lookup = dict(prompt_lookup_min=FLAGS.prompt_lookup_min, prompt_lookup_max=FLAGS.prompt_lookup_max) \
+        if method == "ngram" else {}
+    shape = tree_fields(tree, k) if method != "none" else {}
+    return SpecConfig(method=method, max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                      top_k=FLAGS.top_k, top_p=FLAGS.top_p, stop_at_eos=False, **shape, **lookup)
+
+
+def run_prompts(target, prompts, config, drafter) -> tuple[list, dict]:
+    """Decode prompts one by one; compile first (one untimed call per distinct prompt shape)."""
+    seen = set()
+    for p in prompts:
+        n = len(target.encode(p)) if isinstance(p, str) else len(p)
+        bucket = max(16, 1 << (n - 1).bit_length())
+        if bucket not in seen:
+            seen.add(bucket)
+            specjax.generate(target, [p], config, drafter=drafter)
+    outs, totals = [], {"generated_tokens": 0, "wall_s": 0.0, "accepted": 0, "drafted": 0, "target_passes": 0,
+                        "first_tokens": 0}
+    for i, p in enumerate(prompts):
+        r = specjax.generate(target, [p], config, drafter=drafter, seed=FLAGS.seed, request_ids=[i])
+        outs.append(r.tokens[0])
+        for key in ("generated_tokens", "wall_s", "accepted", "drafted", "target_passes"):
+            totals[key] += r.stats[key]
+        totals["first_tokens"] += 1
+    totals["tokens_per_s"] = totals["generated_tokens"] / totals["wall_s"]
+    totals["alpha"] = totals["accepted"] / max(totals["drafted"], 1)
+    passes = max(totals["target_passes"], 1)
+    totals["tau"] = (totals["generated_tokens"] - totals["first_tokens"]) / passes
+    return outs, totals
+
+
+def main(argv):
+    del argv
+    target = specjax.load_model(FLAGS.target)
+    draft = None
+    sp = spec_config("none", None).sampling
+    print(f"target {target.name}: {target.config.num_params() / 1e6:.1f}M params; "
+          f"jax {jax.__version__} on {jax.devices()[0].platform}; temperature {FLAGS.temperature}")
+    rows, baselines, prompt_sets = [], {}, {}
+    for entry in FLAGS.runs:
+        pset, method, k, tree = (entry.split(":") + [""])[:4]
+        k = int(k)
+        if pset not in prompt_sets:
+            prompt_sets[pset] = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
+            baselines[pset] = run_prompts(target, prompt_sets[pset], spec_config("none", None), None)
+        prompts = prompt_sets[pset]
+        if method == "draft_model" and draft is None:
+            draft = specjax.load_model(FLAGS.draft)
+        drafter_arg = draft if method == "draft_model" else (baselines[pset][0] if method == "predicted" else None)
+        config = spec_config(method, k, tree)
+        outs, st = run_prompts(target, prompts, config, drafter_arg)
+        base_outs, base = baselines[pset]
+
+        # Costs at a typical context: mean prompt length + half the generation.
+        lens = [len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts]
+        context = int(np.mean(lens)) + FLAGS.max_new_tokens // 2
+        t1 = costs.forward_seconds(target, context, 1)
+        tv = costs.forward_seconds(target, context, k + 1)
+        ids = [target.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]]
+        d_obj, d_params = make_drafter(target, config, drafter_arg[:1] if method == "predicted" else drafter_arg,
+                                       ids, context + 2 * k + 8)
+        tp = costs.propose_seconds(d_obj, d_params, target, context, sp)
+        c, verify_cost = tp / (k * t1), tv / t1
+        # Chains: the i.i.d. acceptance that explains tau, through Leviathan's formula. Trees have no alpha; their
+        # prediction is tau over the measured cost of a step (draft + verify), in units of a decode step.
+        alpha_fit = analysis.alpha_from_tau(min(st["tau"], k + 1 - 1e-9), k) if not tree else float("nan")
+        predicted = analysis.walltime_speedup(alpha_fit, k, c, verify_cost) if not tree else \
+            analysis.speedup_from_tau(st["tau"], k * c, verify_cost)
+        measured = st["tokens_per_s"] / base["tokens_per_s"]
+        exact = "yes" if outs == base_outs else "no"
+        rows.append((pset, method + (f"/{tree}" if tree else ""), k, st["alpha"], alpha_fit, st["tau"], st["tokens_per_s"], base["tokens_per_s"],
+                     measured, predicted, c, verify_cost, exact if FLAGS.temperature == 0 else "n/a (sampled)"))
+
+    print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau; c = draft cost per token "
+          "/ target decode step; vcost = (k+1)-position verify / 1-position decode; predicted = "
+          "(1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit")
+    hdr = (f"{'prompts':>9} {'method':>18} {'k':>2} {'alpha':>6} {'a_fit':>6} {'tau':>5} {'tok/s':>7} "
+           f"{'plain':>7} {'speedup':>8} {'predicted':>9} {'gap':>6} {'c':>6} {'vcost':>6} {'exact':>6}")
+    print(hdr)
+    for r in rows:
+        pset, method, k, alpha, afit, tau, tps, base_tps, meas, pred, c, vc, exact = r
+        print(f"{pset:>9} {method:>18} {k:>2} {alpha:6.3f} {afit:6.3f} {tau:5.2f} {tps:7.1f} {base_tps:7.1f} "
+              f"{meas:7.2f}x {pred:8.2f}x {meas / pred - 1:+6.1%} {c:6.3f} {vc:6.2f} {exact:>6}")
+
+
+if __name__ == "__main__":
+    app.run(main)
