@@ -20,10 +20,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
+
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench_plain
 
-.PHONY: install demo test test-all bench
+.PHONY: install demo test test-slow test-all bench

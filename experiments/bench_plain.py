@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax
 from specjax import SpecConfig
-from specjax.cache import KVCache
-from specjax.models.llama import forward
+from experiments import costs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["30m", "110m"], "model shapes to run")
@@ -49,28 +45,9 @@ def build_hf(size: str, path: str):
     return model
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def verify_cost_curve(model, context: int, ts=(1, 2, 4, 5, 8), reps: int = 20) -> dict[int, float]:
+def verify_cost_curve(model, context: int, ts=(1, 2, 4, 5, 8)) -> dict[int, float]:
     """Seconds of one cached forward over T positions at `context` tokens of history."""
-    cfg = model.config
-    size = context + max(ts) + 1
-    cache = KVCache.init(cfg.num_layers, 1, size, cfg.num_kv_heads, cfg.head_dim).replace(
-        lengths=jnp.array([context], jnp.int32))
-    step = jax.jit(lambda p, t, c: forward(p, cfg, t, c).logits)
-    out = {}
-    for T in ts:
-        toks = jnp.ones((1, T), jnp.int32)
-        step(model.params, toks, cache).block_until_ready()
-        out[T] = median_time(lambda: step(model.params, toks, cache).block_until_ready(), reps)
-    return out
+    return {T: costs.forward_seconds(model, context, T) for T in ts}
 
 
 def run_size(size: str) -> dict:
@@ -86,7 +63,7 @@ def run_size(size: str) -> dict:
 
     res = specjax.generate(model, [prompt], cfg)                       # compile
     ours = res.tokens[0]
-    t_ours = median_time(lambda: specjax.generate(model, [prompt], cfg), FLAGS.repeats)
+    t_ours = costs.median_seconds(lambda: specjax.generate(model, [prompt], cfg), FLAGS.repeats)
 
     ids = torch.tensor([prompt])
     def hf_generate():
@@ -94,7 +71,7 @@ def run_size(size: str) -> dict:
             return hf.generate(ids, max_new_tokens=FLAGS.new_tokens, min_new_tokens=FLAGS.new_tokens,
                                do_sample=False, pad_token_id=0)
     theirs = hf_generate()[0, len(prompt):].tolist()
-    t_hf = median_time(hf_generate, FLAGS.repeats)
+    t_hf = costs.median_seconds(hf_generate, FLAGS.repeats)
     agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
 
     curve = verify_cost_curve(model, FLAGS.prompt_len + FLAGS.new_tokens // 2)

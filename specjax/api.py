@@ -150,7 +150,8 @@ def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[
 
 
 def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
-             seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None) -> GenerateResult:
+             seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None,
+             pad_to: int | None = None) -> GenerateResult:
     """Decode each prompt (a string or a list of token ids) with `config.method`. Greedy output equals plain
     greedy decoding token for token; sampled output is distributed exactly as the target's. A request's random
     stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates.
@@ -169,7 +170,12 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
                          f"model's max_position_embeddings={model.config.max_position_embeddings}")
     P = max(16, 1 << (longest - 1).bit_length())     # power-of-two prompt buckets keep recompiles rare
+    if pad_to is not None:                           # one compiled program for every prompt up to pad_to tokens
+        if pad_to < longest:
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest} tokens)")
+        P = pad_to
     buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
+    P = min(P, buffer_len)                           # padding must fit the buffer (the real tokens always do)
     prompt_arr = np.zeros((len(ids), P), np.int32)
     for i, p in enumerate(ids):
         prompt_arr[i, :len(p)] = p

@@ -47,3 +47,21 @@ def ragged_prompts(batch: int, vocab: int = 61, seed: int = 0) -> list[list[int]
         span = rng.integers(1, vocab, size=int(rng.integers(2, 6))).tolist()
         out.append((span * 4)[: int(rng.integers(3, 22))])
     return out
+
+
+BASELINE_MAX_NEW = 24
+
+
+@pytest.fixture(scope="session")
+def near_draft(target):
+    """The target with noise: accepts some drafts and rejects others (both paths exercised)."""
+    return perturbed(target, 0.08)
+
+
+@pytest.fixture(scope="session")
+def baselines(target):
+    """Plain greedy output of ragged_prompts(b, seed=b) for b in 1, 3, 8 (BASELINE_MAX_NEW tokens)."""
+    import specjax
+    from specjax import SpecConfig
+    return {b: specjax.generate(target, ragged_prompts(b, seed=b), SpecConfig(max_new_tokens=BASELINE_MAX_NEW)).tokens
+            for b in (1, 3, 8)}

@@ -3,20 +3,9 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from conftest import perturbed, ragged_prompts
+from conftest import BASELINE_MAX_NEW, ragged_prompts
 
-MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def near_draft(target):
-    return perturbed(target, 0.08)
-
-
-@pytest.fixture(scope="module")
-def baselines(target):
-    return {b: specjax.generate(target, ragged_prompts(b, seed=b), SpecConfig(max_new_tokens=MAX_NEW)).tokens
-            for b in (1, 3, 8)}
+MAX_NEW = BASELINE_MAX_NEW
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

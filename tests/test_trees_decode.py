@@ -15,23 +15,12 @@ import specjax.verify as verify
 from specjax import SamplingParams, SpecConfig
 from specjax.sampling import probabilities
 from specjax.trees import MEDUSA_63, TreeSpec, full_tree_choices
-from conftest import perturbed, ragged_prompts
+from conftest import BASELINE_MAX_NEW, ragged_prompts
 
-MAX_NEW = 24
+MAX_NEW = BASELINE_MAX_NEW
 CHAIN = [(0,), (0, 0), (0, 0, 0)]
 WIDE = [(0,), (1,), (2,), (3,), (0, 0), (1, 0)]
 DYNAMIC = dict(num_steps=3, topk=3, num_draft_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def near_draft(target):
-    return perturbed(target, 0.08)
-
-
-@pytest.fixture(scope="module")
-def baselines(target):
-    return {b: specjax.generate(target, ragged_prompts(b, seed=b), SpecConfig(max_new_tokens=MAX_NEW)).tokens
-            for b in (1, 3, 8)}
 
 
 # Every tree at some batch size and every batch size with some tree, without the full product (each pair is one

@@ -81,7 +81,6 @@ def main(argv=None) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from jax import lax
 
     from pallas_kernels.verify_attention import validate_tree_mask, verify_attention
