@@ -23,21 +23,25 @@ def median_seconds(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def forward_seconds(model, context: int, T: int, reps: int = 20, batch: int = 1) -> float:
-    """One cached target forward over T new positions after `context` tokens of history."""
+def forward_seconds(model, context: int, T: int, reps: int = 20, batch: int = 1,
+                    cache_size: int | None = None) -> float:
+    """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
+    the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
     cfg = model.config
-    cache = KVCache.init(cfg.num_layers, batch, context + T + 1, cfg.num_kv_heads, cfg.head_dim).replace(
+    size = max(context + T + 1, cache_size or 0)
+    cache = KVCache.init(cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim).replace(
         lengths=jnp.full((batch,), context, jnp.int32))
     step = jax.jit(lambda p, t, c: forward(p, cfg, t, c).logits)
     toks = jnp.ones((batch, T), jnp.int32)
     return median_seconds(lambda: step(model.params, toks, cache).block_until_ready(), reps)
 
 
-def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 20, batch: int = 1) -> float:
+def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 20, batch: int = 1,
+                    cache_size: int | None = None) -> float:
     """One drafter.propose call (all k draft tokens) on a context of `context` committed tokens."""
     import dataclasses
     from specjax.drafters.draft_model import DraftModelDrafter
-    buffer_len = context + 2 * drafter.num_tokens + 8
+    buffer_len = max(context + 2 * drafter.num_tokens + 8, cache_size or 0)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(1, model.config.vocab_size, (batch, buffer_len)), jnp.int32)
     ctx = Context(tokens, jnp.full((batch,), context, jnp.int32), jnp.full((batch,), context // 2, jnp.int32))

@@ -201,4 +201,4 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     wall = time.perf_counter() - t0
     out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
-    return GenerateResult(out, texts, summarize(stats, num_new, wall, k))
+    return GenerateResult(out, texts, {**summarize(stats, num_new, wall, k), "buffer_len": buffer_len})

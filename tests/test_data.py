@@ -1,0 +1,81 @@
+"""train/data.py: deterministic split, corpus manifest checks, tokenizer cache, packed batches."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from train import data
+
+
+@pytest.fixture(scope="module")
+def all_files():
+    return data.list_stdlib_files()
+
+
+def test_split_is_deterministic_and_small(all_files):
+    tr1, ho1 = data.split_files(all_files)
+    tr2, ho2 = data.split_files(list(reversed(all_files)))
+    assert {f.rel for f in ho1} == {f.rel for f in ho2}
+    assert len(tr1) + len(ho1) == len(all_files)
+    assert 0.005 < len(ho1) / len(all_files) < 0.05
+    # A file's side depends only on its path, so a subset splits consistently with the whole corpus.
+    sub = data.list_stdlib_files(max_files=100)
+    assert {f.rel for f in data.split_files(sub)[1]} <= {f.rel for f in ho1}
+    assert not any("site-packages" in f.rel for f in all_files)
+    assert any(f.rel.startswith("test/") for f in all_files)      # tests are part of the corpus
+
+
+def test_manifest_mismatch_raises_and_warns(tmp_path, all_files):
+    local = data.corpus_manifest(all_files)
+    assert data.check_manifest(local, local) == []
+    other = dict(local, files_sha256="0" * 64, python_version="2.7.18")
+    with pytest.raises(data.CorpusMismatchError, match="files_sha256"):
+        data.check_manifest(other, local)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        diffs = data.check_manifest(other, local, strict=False)
+    assert len(diffs) == 2 and "corpus mismatch" in str(w[0].message)
+    # The checkpoint side: MANIFEST.md carries the manifest in its json block.
+    (tmp_path / "MANIFEST.md").write_text("# x\n\nprose\n\n```json\n" + json.dumps({"corpus": other}) + "\n```\n")
+    with pytest.raises(data.CorpusMismatchError):
+        data.check_checkpoint_corpus(str(tmp_path))
+
+
+def test_packed_batches_shapes_and_determinism():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    b = data.PackedBatches(tokens, seq_len=32, batch_size=4, seed=3)
+    x = b.batch(7)
+    assert x.shape == (4, 33) and x.dtype == np.int32
+    assert np.all(np.diff(x, axis=1) == 1)                        # contiguous windows of the stream
+    np.testing.assert_array_equal(x, data.PackedBatches(tokens, 32, 4, seed=3).batch(7))   # fresh instance
+    assert not np.array_equal(x, b.batch(8))
+    assert not np.array_equal(x, data.PackedBatches(tokens, 32, 4, seed=4).batch(7))
+    # One epoch visits every window exactly once.
+    steps = b.num_windows // 4
+    starts = np.concatenate([b.batch(s)[:, 0] for s in range(steps)])
+    assert len(set(starts.tolist())) == len(starts)
+
+
+def test_eval_windows_score_each_token_once():
+    tokens = np.arange(1000, dtype=np.uint16)
+    seen = []
+    for win, w in data.eval_windows(tokens, seq_len=64, batch_size=3):
+        assert win.shape == (3, 65) and w.shape == (3, 64)
+        seen.extend(win[:, 1:][w > 0].tolist())
+    assert seen == list(range(1, 1000))
+
+
+def test_prepare_corpus_small(tmp_path):
+    c = data.prepare_corpus(str(tmp_path), vocab_size=300, max_files=12, verbose=False)
+    assert c.vocab_size == 300 and c.tokenizer.token_to_id(data.EOS) == c.eos_id
+    assert c.meta["train_tokens"] == len(c.train) and int(c.train[-1]) == c.eos_id
+    text = "def f(x):\n    return x + 1  # ü\n"
+    ids = c.tokenizer.encode(text).ids
+    assert c.tokenizer.decode(ids) == text
+    # Byte lengths per token add up to the UTF-8 size, which is what bits-per-byte divides by.
+    assert data.token_byte_lengths(c.tokenizer)[ids].sum() == len(text.encode())
+    again = data.prepare_corpus(str(tmp_path), vocab_size=300, max_files=12, verbose=False)   # cache hit
+    np.testing.assert_array_equal(np.asarray(again.train), np.asarray(c.train))

@@ -1,0 +1,181 @@
+"""The one training loop every recipe uses (target LM, draft distillation, Medusa, EAGLE, MTP).
+
+A recipe supplies initial params, `loss_fn(params, batch, rng) -> (loss, metrics)` and `batch_fn(step) -> batch`
+(a pure function of the step, so resuming replays the same data order). The loop owns the optimizer
+(AdamW, linear warmup + cosine decay, global-norm clipping), the jitted step, orbax checkpoints of
+(params, opt_state, step, elapsed wall time), logging, and a wall-clock budget.
+
+Determinism: the per-step PRNG key is fold_in(seed, step) and the batch is batch_fn(step), so a run resumed from
+step s computes exactly the updates the uninterrupted run computes from s; tests/test_train_resume.py checks it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+LossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]]
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1            # cosine decays to lr * min_lr_ratio at `steps`
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    clip_norm: float = 1.0
+    seed: int = 0
+    ckpt_dir: str | None = None          # orbax CheckpointManager directory; None: no checkpoints
+    save_every: int = 200
+    keep: int = 2
+    log_every: int = 10
+    metrics_path: str | None = None      # jsonl; appended to, so a resumed run continues the same file
+    time_budget_s: float | None = None   # stop cleanly (and checkpoint) once this much wall time is spent
+    tokens_per_step: int = 0             # for tokens/s and tokens-seen bookkeeping
+    stop_at: int | None = None           # stop early at this step (the schedule still spans `steps`)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    params: Any
+    step: int                            # steps completed (global, including resumed ones)
+    losses: list[float]                  # loss of every step run in THIS call, in order
+    start_step: int                      # where this call started (> 0 when resumed)
+    elapsed_s: float                     # total training wall time, across resumes
+    stopped_by_budget: bool
+
+
+def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=max(cfg.warmup_steps, 1),
+        decay_steps=max(cfg.steps, cfg.warmup_steps + 1), end_value=cfg.lr * cfg.min_lr_ratio)
+    # No weight decay on gains/biases (1-D leaves): decaying RMSNorm weights toward 0 only hurts.
+    decay_mask = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+    opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                      optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
+                                  mask=decay_mask))
+    return opt, schedule
+
+
+def _manager(cfg: TrainConfig) -> ocp.CheckpointManager | None:
+    if not cfg.ckpt_dir:
+        return None
+    opts = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep, create=True)
+    return ocp.CheckpointManager(os.path.abspath(cfg.ckpt_dir), options=opts)
+
+
+def latest_params(ckpt_dir: str, like: Any) -> tuple[Any, int, dict]:
+    """(params with the structure of `like`, step, meta {step, elapsed_s}) from the newest checkpoint of a
+    training run: for export, or to distill from an intermediate target before its run has finished."""
+    mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir))
+    step = mngr.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
+    meta_like = {"step": jnp.int32(0), "elapsed_s": jnp.float32(0)}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": like, "meta": meta_like})
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract["params"]), meta=ocp.args.StandardRestore(abstract["meta"])))
+    mngr.close()
+    meta = {k: float(v) for k, v in restored["meta"].items()}
+    return restored["params"], step, meta
+
+
+def train(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: TrainConfig,
+          eval_fn: Callable[[Any, int], dict] | None = None, eval_every: int = 0,
+          log: Callable[[str], None] = print) -> TrainResult:
+    """Run (or resume) training to cfg.steps. eval_fn(params, step) -> metrics is called every eval_every
+    steps and logged with them."""
+    t_call = time.time()
+    opt, schedule = make_optimizer(cfg)
+    opt_state = opt.init(params)
+    step, elapsed_before = 0, 0.0
+    mngr = _manager(cfg)
+    if mngr is not None and mngr.latest_step() is not None:
+        latest = mngr.latest_step()
+        state = {"params": params, "opt_state": opt_state,
+                 "meta": {"step": jnp.int32(0), "elapsed_s": jnp.float32(0)}}
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        restored = mngr.restore(latest, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract["params"]),
+            opt_state=ocp.args.StandardRestore(abstract["opt_state"]),
+            meta=ocp.args.StandardRestore(abstract["meta"])))
+        params, opt_state = restored["params"], restored["opt_state"]
+        step, elapsed_before = int(restored["meta"]["step"]), float(restored["meta"]["elapsed_s"])
+        log(f"[loop] resumed from {cfg.ckpt_dir} at step {step} ({elapsed_before:.0f}s trained before)")
+    start_step = step
+
+    def save(step: int, elapsed: float) -> None:
+        if mngr is None:
+            return
+        mngr.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.StandardSave({"step": jnp.int32(step), "elapsed_s": jnp.float32(elapsed)})),
+            force=True)
+
+    base_key = jax.random.PRNGKey(cfg.seed)
+
+    @jax.jit
+    def train_step(params, opt_state, batch, step):
+        rng = jax.random.fold_in(base_key, step)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+        return params, opt_state, loss, metrics
+
+    metrics_file = open(cfg.metrics_path, "a") if cfg.metrics_path else None
+    losses: list[float] = []
+    stop_at = cfg.steps if cfg.stop_at is None else min(cfg.stop_at, cfg.steps)
+    t_train0 = time.time()
+    t_log, step_log = time.time(), step
+    stopped_by_budget = False
+    try:
+        while step < stop_at:
+            batch = batch_fn(step)
+            params, opt_state, loss, metrics = train_step(params, opt_state, batch, jnp.int32(step))
+            loss = float(loss)                       # syncs; also surfaces NaN at the step it appears
+            losses.append(loss)
+            step += 1
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}")
+            elapsed = elapsed_before + time.time() - t_train0
+            budget_spent = cfg.time_budget_s is not None and time.time() - t_call >= cfg.time_budget_s
+            if step % cfg.log_every == 0 or step == stop_at or budget_spent:
+                now = time.time()
+                rec = {"step": step, "loss": loss, "lr": float(schedule(step - 1)),
+                       "tokens_per_s": cfg.tokens_per_step * (step - step_log) / max(now - t_log, 1e-9),
+                       "tokens_seen": cfg.tokens_per_step * step, "elapsed_s": round(elapsed, 1)}
+                rec.update({k: float(v) for k, v in metrics.items()})
+                if eval_fn is not None and eval_every and step % eval_every == 0:
+                    rec.update(eval_fn(params, step))
+                log("[loop] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in rec.items()))
+                if metrics_file:
+                    metrics_file.write(json.dumps(rec) + "\n")
+                    metrics_file.flush()
+                t_log, step_log = time.time(), step
+            if step % cfg.save_every == 0 or step == stop_at or budget_spent:
+                save(step, elapsed)
+            if budget_spent and step < stop_at:
+                log(f"[loop] time budget of {cfg.time_budget_s:.0f}s spent: stopping at step {step}")
+                stopped_by_budget = True
+                break
+    finally:
+        if mngr is not None:
+            mngr.wait_until_finished()
+            mngr.close()
+        if metrics_file:
+            metrics_file.close()
+    return TrainResult(params, step, losses, start_step, elapsed_before + time.time() - t_train0,
+                       stopped_by_budget)
