@@ -18,6 +18,63 @@ from specjax.models.config import ModelConfig
 from specjax.models.llama import full_logits
 from train.data import Corpus, bits_per_byte, eval_windows, token_byte_lengths
 
+def define_run_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, steps: int,
+                     lr: float, seed: int, seed_help: str, ckpt_dir: str, out: str) -> None:
+    """The flags every LM recipe takes (call once, at the top of a recipe's main module); defaults differ."""
+    from absl import flags
+    from train import data
+    flags.DEFINE_integer("hidden", hidden, "hidden size")
+    flags.DEFINE_integer("layers", layers, "decoder layers")
+    flags.DEFINE_integer("heads", heads, "query heads")
+    flags.DEFINE_integer("kv_heads", kv_heads, "key/value heads (GQA)")
+    flags.DEFINE_integer("intermediate", intermediate, "MLP size")
+    flags.DEFINE_integer("seq_len", 256, "training sequence length")
+    flags.DEFINE_integer("batch_size", 16, "sequences per step")
+    flags.DEFINE_integer("steps", steps, "optimizer steps (the cosine schedule spans these)")
+    flags.DEFINE_float("lr", lr, "peak learning rate")
+    flags.DEFINE_integer("warmup", 50, "warmup steps")
+    flags.DEFINE_float("weight_decay", 0.1, "AdamW weight decay")
+    flags.DEFINE_integer("seed", seed, seed_help)
+    flags.DEFINE_float("time_budget", None, "stop cleanly (and checkpoint) after this many seconds")
+    flags.DEFINE_integer("stop_at", None, "stop at this step (for tests; the schedule still spans --steps)")
+    flags.DEFINE_integer("max_files", None, "use an evenly spaced subset of the stdlib files (tests)")
+    flags.DEFINE_string("data_dir", data.DEFAULT_DATA_DIR, "token cache directory (gitignored)")
+    flags.DEFINE_string("ckpt_dir", ckpt_dir, "orbax training checkpoints (resumed from)")
+    flags.DEFINE_integer("save_every", 50, "checkpoint interval (steps)")
+    flags.DEFINE_integer("log_every", 10, "log interval (steps)")
+    flags.DEFINE_integer("eval_every", 200, "held-out eval interval (steps, on --eval_tokens tokens)")
+    flags.DEFINE_integer("eval_tokens", 16384, "held-out tokens for periodic evals (the final eval uses all)")
+    flags.DEFINE_integer("final_eval_tokens", None, "held-out tokens for the export eval (None: all)")
+    flags.DEFINE_string("out", out, "export directory ('' to skip export)")
+    flags.DEFINE_bool("export_only", False, "skip training; export the newest checkpoint in --ckpt_dir")
+
+
+def run_info(ckpt_dir: str, params, run_flags: dict, export_only: bool):
+    """-> (params, step, info). A run records its first launch's command and flags in ckpt_dir/run_info.json (a resume
+    keeps them, so the MANIFEST names the command that produced the weights); --export_only restores the newest
+    checkpoint's params and wall time instead of training."""
+    from train import loop
+    os.makedirs(ckpt_dir, exist_ok=True)
+    info_path = os.path.join(ckpt_dir, "run_info.json")
+    if export_only:
+        params, step, meta = loop.latest_params(ckpt_dir, params)
+        with open(info_path) as f:
+            info = json.load(f)
+        info["elapsed_s"] = meta["elapsed_s"]
+        return params, step, info
+    if os.path.exists(info_path):
+        with open(info_path) as f:
+            return params, None, json.load(f)
+    info = {"command": command_line(), "steps": run_flags["steps"], "seed": run_flags["seed"], "flags": run_flags}
+    save_run_info(ckpt_dir, info)
+    return params, None, info
+
+
+def save_run_info(ckpt_dir: str, info: dict) -> None:
+    with open(os.path.join(ckpt_dir, "run_info.json"), "w") as f:
+        json.dump(info, f)
+
+
 def lm_config(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
               max_len: int, eos_id: int) -> ModelConfig:
     # Tied embeddings: with a 4k vocab the embedding is a large share of these tiny models and of the

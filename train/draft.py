@@ -9,7 +9,6 @@ one-hot labels a tiny model would otherwise fit. Same tokenizer as the target (r
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -22,32 +21,11 @@ from train import common, data, loop
 
 F = flags.FLAGS
 flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory (HF format)")
-flags.DEFINE_integer("hidden", 192, "hidden size")
-flags.DEFINE_integer("layers", 1, "decoder layers")
-flags.DEFINE_integer("heads", 3, "query heads")
-flags.DEFINE_integer("kv_heads", 1, "key/value heads")
-flags.DEFINE_integer("intermediate", 512, "MLP size")
-flags.DEFINE_integer("seq_len", 256, "training sequence length")
-flags.DEFINE_integer("batch_size", 16, "sequences per step")
-flags.DEFINE_integer("steps", 1500, "optimizer steps (the cosine schedule spans these)")
-flags.DEFINE_float("lr", 3e-3, "peak learning rate")
-flags.DEFINE_integer("warmup", 50, "warmup steps")
-flags.DEFINE_float("weight_decay", 0.1, "AdamW weight decay")
+common.define_run_flags(hidden=192, layers=1, heads=3, kv_heads=1, intermediate=512, steps=1500, lr=3e-3, seed=1,
+                        seed_help="init, data order (differs from the target's so the draft sees other windows)",
+                        ckpt_dir="runs/draft_ckpt", out="checkpoints/stdlib-draft")
 flags.DEFINE_float("ce_weight", 0.1, "weight of next-token CE mixed with the KL term")
 flags.DEFINE_float("temperature", 1.0, "distillation temperature applied to both models' logits")
-flags.DEFINE_integer("seed", 1, "init, data order (differs from the target's so the draft sees other windows)")
-flags.DEFINE_float("time_budget", None, "stop cleanly (and checkpoint) after this many seconds")
-flags.DEFINE_integer("stop_at", None, "stop at this step (tests; the schedule still spans --steps)")
-flags.DEFINE_integer("max_files", None, "use an evenly spaced subset of the stdlib files (tests)")
-flags.DEFINE_string("data_dir", data.DEFAULT_DATA_DIR, "token cache directory (gitignored)")
-flags.DEFINE_string("ckpt_dir", "runs/draft_ckpt", "orbax training checkpoints (resumed from)")
-flags.DEFINE_integer("save_every", 50, "checkpoint interval (steps)")
-flags.DEFINE_integer("log_every", 10, "log interval (steps)")
-flags.DEFINE_integer("eval_every", 200, "held-out eval interval (steps, on --eval_tokens tokens)")
-flags.DEFINE_integer("eval_tokens", 16384, "held-out tokens for periodic evals")
-flags.DEFINE_integer("final_eval_tokens", None, "held-out tokens for the export eval (None: all)")
-flags.DEFINE_string("out", "checkpoints/stdlib-draft", "export directory ('' to skip export)")
-flags.DEFINE_bool("export_only", False, "skip training; export the newest checkpoint in --ckpt_dir")
 
 NOTES = """\
 Default draft model of specjax for checkpoints/stdlib-target: a {params:.2f}M-parameter Llama ({layers} layer(s),
@@ -92,23 +70,8 @@ def main(argv) -> None:
           f"{F.target}", flush=True)
     batches = data.PackedBatches(corpus.train, F.seq_len, F.batch_size, F.seed)
     evaluate = common.make_evaluator(cfg, corpus, F.seq_len)
-    os.makedirs(F.ckpt_dir, exist_ok=True)
-    info_path = os.path.join(F.ckpt_dir, "run_info.json")
-
-    if F.export_only:
-        params, step, meta = loop.latest_params(F.ckpt_dir, params)
-        with open(info_path) as f:
-            info = json.load(f)
-        info["elapsed_s"] = meta["elapsed_s"]
-    else:
-        if os.path.exists(info_path):                  # a resume: keep the first launch's command and flags
-            with open(info_path) as f:
-                info = json.load(f)
-        else:
-            info = {"command": common.command_line(), "steps": F.steps, "seed": F.seed,
-                    "flags": {n: F[n].value for n in RUN_FLAGS}}
-            with open(info_path, "w") as f:
-                json.dump(info, f)
+    params, step, info = common.run_info(F.ckpt_dir, params, {n: F[n].value for n in RUN_FLAGS}, F.export_only)
+    if not F.export_only:
         tcfg = loop.TrainConfig(
             steps=F.steps, lr=F.lr, warmup_steps=F.warmup, weight_decay=F.weight_decay, seed=F.seed,
             ckpt_dir=F.ckpt_dir, save_every=F.save_every, log_every=F.log_every,
@@ -121,8 +84,7 @@ def main(argv) -> None:
                          eval_every=F.eval_every)
         params, step = res.params, res.step
         info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget)
-        with open(info_path, "w") as f:
-            json.dump(info, f)
+        common.save_run_info(F.ckpt_dir, info)
 
     if not F.out:
         return

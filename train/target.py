@@ -7,7 +7,6 @@ Training state (orbax) lives in --ckpt_dir; rerunning the same command resumes f
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -18,32 +17,11 @@ from specjax.models.llama import init_params
 from train import common, data, loop
 
 F = flags.FLAGS
-flags.DEFINE_integer("hidden", 256, "hidden size")
-flags.DEFINE_integer("layers", 4, "decoder layers")
-flags.DEFINE_integer("heads", 4, "query heads")
-flags.DEFINE_integer("kv_heads", 2, "key/value heads (GQA)")
-flags.DEFINE_integer("intermediate", 768, "MLP size")
+common.define_run_flags(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, steps=800, lr=2e-3, seed=0,
+                        seed_help="init, data order and dropout-free step keys", ckpt_dir="runs/target_ckpt",
+                        out="checkpoints/stdlib-target")
 flags.DEFINE_integer("vocab_size", 4096, "BPE vocab size")
-flags.DEFINE_integer("seq_len", 256, "training sequence length")
 flags.DEFINE_integer("max_len", 2048, "max_position_embeddings recorded in config.json")
-flags.DEFINE_integer("batch_size", 16, "sequences per step")
-flags.DEFINE_integer("steps", 800, "optimizer steps (the cosine schedule spans these)")
-flags.DEFINE_float("lr", 2e-3, "peak learning rate")
-flags.DEFINE_integer("warmup", 50, "warmup steps")
-flags.DEFINE_float("weight_decay", 0.1, "AdamW weight decay")
-flags.DEFINE_integer("seed", 0, "init, data order and dropout-free step keys")
-flags.DEFINE_float("time_budget", None, "stop cleanly (and checkpoint) after this many seconds")
-flags.DEFINE_integer("stop_at", None, "stop at this step (for tests; the schedule still spans --steps)")
-flags.DEFINE_integer("max_files", None, "use an evenly spaced subset of the stdlib files (tests)")
-flags.DEFINE_string("data_dir", data.DEFAULT_DATA_DIR, "token cache directory (gitignored)")
-flags.DEFINE_string("ckpt_dir", "runs/target_ckpt", "orbax training checkpoints (resumed from)")
-flags.DEFINE_integer("save_every", 50, "checkpoint interval (steps)")
-flags.DEFINE_integer("log_every", 10, "log interval (steps)")
-flags.DEFINE_integer("eval_every", 200, "held-out eval interval (steps, on --eval_tokens tokens)")
-flags.DEFINE_integer("eval_tokens", 16384, "held-out tokens for periodic evals (the final eval uses all)")
-flags.DEFINE_integer("final_eval_tokens", None, "held-out tokens for the export eval (None: all)")
-flags.DEFINE_string("out", "checkpoints/stdlib-target", "export directory ('' to skip export)")
-flags.DEFINE_bool("export_only", False, "skip training; export the newest checkpoint in --ckpt_dir")
 
 NOTES = """\
 Default target model of specjax: a {params:.1f}M-parameter Llama ({layers} layers, hidden {hidden}, {heads} query /
@@ -88,23 +66,8 @@ def main(argv) -> None:
           f"{corpus.meta['heldout_tokens']:,} held-out tokens", flush=True)
     batches = data.PackedBatches(corpus.train, F.seq_len, F.batch_size, F.seed)
     evaluate = common.make_evaluator(cfg, corpus, F.seq_len)
-    os.makedirs(F.ckpt_dir, exist_ok=True)
-    info_path = os.path.join(F.ckpt_dir, "run_info.json")
-
-    if F.export_only:
-        params, step, meta = loop.latest_params(F.ckpt_dir, params)
-        with open(info_path) as f:
-            info = json.load(f)
-        info["elapsed_s"] = meta["elapsed_s"]
-    else:
-        if os.path.exists(info_path):                  # a resume: keep the first launch's command and flags
-            with open(info_path) as f:
-                info = json.load(f)
-        else:
-            info = {"command": common.command_line(), "steps": F.steps, "seed": F.seed,
-                    "flags": {n: F[n].value for n in RUN_FLAGS}}
-            with open(info_path, "w") as f:
-                json.dump(info, f)
+    params, step, info = common.run_info(F.ckpt_dir, params, {n: F[n].value for n in RUN_FLAGS}, F.export_only)
+    if not F.export_only:
 
         def loss_fn(params, batch, rng):
             nll, _ = common.token_nll(params, cfg, batch)
@@ -122,8 +85,7 @@ def main(argv) -> None:
                          eval_every=F.eval_every)
         params, step = res.params, res.step
         info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget)
-        with open(info_path, "w") as f:
-            json.dump(info, f)
+        common.save_run_info(F.ckpt_dir, info)
 
     if not F.out:
         return
