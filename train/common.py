@@ -75,6 +75,24 @@ def save_run_info(ckpt_dir: str, info: dict) -> None:
         json.dump(info, f)
 
 
+def train_from_flags(F, params, loss_fn, batches, evaluate, info: dict):
+    """Run train.loop with the recipe flags (define_run_flags), periodic held-out evals, and record the wall
+    time in the run info. -> (params, step)."""
+    from train import loop
+    tcfg = loop.TrainConfig(
+        steps=F.steps, lr=F.lr, warmup_steps=F.warmup, weight_decay=F.weight_decay, seed=F.seed,
+        ckpt_dir=F.ckpt_dir, save_every=F.save_every, log_every=F.log_every,
+        metrics_path=os.path.join(F.ckpt_dir, "metrics.jsonl"), time_budget_s=F.time_budget,
+        tokens_per_step=F.batch_size * F.seq_len, stop_at=F.stop_at)
+    res = loop.train(params, loss_fn, batches.batch, tcfg,
+                     eval_fn=lambda p, s: {k: v for k, v in evaluate(p, F.eval_tokens).items()
+                                           if k in ("heldout_loss", "heldout_bpb")},
+                     eval_every=F.eval_every)
+    info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget)
+    save_run_info(F.ckpt_dir, info)
+    return res.params, res.step
+
+
 def lm_config(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
               max_len: int, eos_id: int) -> ModelConfig:
     # Tied embeddings: with a 4k vocab the embedding is a large share of these tiny models and of the

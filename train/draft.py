@@ -17,7 +17,7 @@ import jax
 
 from specjax.models.hf_io import load_pretrained
 from specjax.models.llama import init_params
-from train import common, data, loop
+from train import common, data
 
 F = flags.FLAGS
 flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory (HF format)")
@@ -72,19 +72,8 @@ def main(argv) -> None:
     evaluate = common.make_evaluator(cfg, corpus, F.seq_len)
     params, step, info = common.run_info(F.ckpt_dir, params, {n: F[n].value for n in RUN_FLAGS}, F.export_only)
     if not F.export_only:
-        tcfg = loop.TrainConfig(
-            steps=F.steps, lr=F.lr, warmup_steps=F.warmup, weight_decay=F.weight_decay, seed=F.seed,
-            ckpt_dir=F.ckpt_dir, save_every=F.save_every, log_every=F.log_every,
-            metrics_path=os.path.join(F.ckpt_dir, "metrics.jsonl"), time_budget_s=F.time_budget,
-            tokens_per_step=F.batch_size * F.seq_len, stop_at=F.stop_at)
         loss_fn = common.distill_loss_fn(cfg, target_params, target_cfg, F.ce_weight, F.temperature)
-        res = loop.train(params, loss_fn, batches.batch, tcfg,
-                         eval_fn=lambda p, s: {k: v for k, v in evaluate(p, F.eval_tokens).items()
-                                               if k in ("heldout_loss", "heldout_bpb")},
-                         eval_every=F.eval_every)
-        params, step = res.params, res.step
-        info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget)
-        common.save_run_info(F.ckpt_dir, info)
+        params, step = common.train_from_flags(F, params, loss_fn, batches, evaluate, info)
 
     if not F.out:
         return

@@ -14,7 +14,7 @@ from absl import app, flags
 import jax
 
 from specjax.models.llama import init_params
-from train import common, data, loop
+from train import common, data
 
 F = flags.FLAGS
 common.define_run_flags(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, steps=800, lr=2e-3, seed=0,
@@ -74,18 +74,7 @@ def main(argv) -> None:
             loss = nll.mean()
             return loss, {"ppl": jax.numpy.exp(loss)}
 
-        tcfg = loop.TrainConfig(
-            steps=F.steps, lr=F.lr, warmup_steps=F.warmup, weight_decay=F.weight_decay, seed=F.seed,
-            ckpt_dir=F.ckpt_dir, save_every=F.save_every, log_every=F.log_every,
-            metrics_path=os.path.join(F.ckpt_dir, "metrics.jsonl"), time_budget_s=F.time_budget,
-            tokens_per_step=F.batch_size * F.seq_len, stop_at=F.stop_at)
-        res = loop.train(params, loss_fn, batches.batch, tcfg,
-                         eval_fn=lambda p, s: {k: v for k, v in evaluate(p, F.eval_tokens).items()
-                                               if k in ("heldout_loss", "heldout_bpb")},
-                         eval_every=F.eval_every)
-        params, step = res.params, res.step
-        info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget)
-        common.save_run_info(F.ckpt_dir, info)
+        params, step = common.train_from_flags(F, params, loss_fn, batches, evaluate, info)
 
     if not F.out:
         return
