@@ -1,9 +1,9 @@
 """A separate small Llama-family LM with its own KV cache proposes k tokens, one sequential step each.
 
-Cache bookkeeping: the draft cache holds the committed tokens except the last. Each proposal rewinds one extra
-entry and first feeds the last TWO committed tokens; that single T=2 step is the catch-up after a fully accepted
-chain (the k-th draft token was never fed to the drafter) and is harmless otherwise (it rewrites an entry with
-identical contents). Rollback of rejected drafts is just the length reset.
+Cache bookkeeping: the draft cache holds the committed tokens except the last; a proposal resets its length to
+that (rolling back rejected drafts) and feeds the last committed token. After a fully accepted chain the k-th
+draft token was never fed, so that proposal rewinds one more entry and feeds the last TWO tokens instead (the
+catch-up; re-writing an entry with identical contents). Which case applies follows from the cache length alone.
 
 Trees (SpecInfer-style; static TreeSpec, or a dynamic EAGLE-2 tree when num_steps > 0): children are the
 drafter's top-k tokens (deterministic, in greedy and sampled mode alike: verify.tree_sampled case (a), exact for
@@ -75,8 +75,15 @@ class DraftModelDrafter:
             return self._propose_tree(params, cache, ctx)
         k = self.num_tokens
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k] keys
-        cache = cache.replace(lengths=ctx.length - 2)
-        cache, tok, probs = self._step(params, cache, last_tokens(ctx, 2), step_keys[:, 0], sp)
+        # After a proposal the cache holds length + k - 2 entries of the old length, so the new length exceeds it
+        # by more than one only when all k drafts were accepted (the k-th was never fed): catch up with a T=2
+        # step then (for every row, which is harmless), else a T=1 step (on CPU a 2-row step costs ~2 1-row ones).
+        behind = jnp.any(ctx.length - 1 > cache.lengths)
+        cache, tok, probs = lax.cond(
+            behind,
+            lambda c: self._step(params, c.replace(lengths=ctx.length - 2), last_tokens(ctx, 2), step_keys[:, 0], sp),
+            lambda c: self._step(params, c.replace(lengths=ctx.length - 1), last_tokens(ctx, 1), step_keys[:, 0], sp),
+            cache)
 
         def body(carry, key_i):
             cache, tok = carry
