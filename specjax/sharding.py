@@ -114,13 +114,6 @@ def param_specs(cfg: ModelConfig, params: Any, mesh: Mesh | None = None) -> Any:
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
-def cache_spec(cfg: ModelConfig | None = None, mesh: Mesh | None = None) -> P:
-    """Spec of KVCache.k / .v; kv heads are replicated when the model axis does not divide them."""
-    if cfg is not None and mesh is not None and cfg.num_kv_heads % _axis(mesh, "model"):
-        return P(None, "data", None, None, None)
-    return CACHE_SPEC
-
-
 def put(x, sharding: NamedSharding) -> jax.Array:
     """Place x (host or device array) with `sharding`; works when the mesh spans several processes too (every
     process passes the same value and fills only its own devices)."""

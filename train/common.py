@@ -93,6 +93,15 @@ def train_from_flags(F, params, loss_fn, batches, evaluate, info: dict):
     return res.params, res.step
 
 
+def run_record(F, info: dict, step: int) -> dict:
+    """The MANIFEST fields every recipe records: commands, seed, schedule, data seen, wall time."""
+    return {"command": info["command"], "export_command": command_line(), "seed": F.seed, "steps": step,
+            "planned_steps": info["steps"], "batch_size": F.batch_size, "seq_len": F.seq_len,
+            "tokens_seen": step * F.batch_size * F.seq_len, "train_wall_s": round(info.get("elapsed_s", float("nan")), 1),
+            "lr": F.lr, "warmup": F.warmup, "weight_decay": F.weight_decay,
+            "stopped_by_budget": info.get("stopped_by_budget")}
+
+
 def lm_config(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
               max_len: int, eos_id: int) -> ModelConfig:
     # Tied embeddings: with a 4k vocab the embedding is a large share of these tiny models and of the
@@ -224,20 +233,3 @@ def decode_ms(params: dict, cfg: ModelConfig, context: int = 200, cache_size: in
         out.block_until_ready()
         times.append((time.perf_counter() - t0) / iters * 1e3)
     return float(np.min(times))
-
-
-def greedy_continue(params: dict, cfg: ModelConfig, ids: list[int], n: int, eos_id: int | None = None
-                    ) -> list[int]:
-    """Simple reference greedy loop with full_logits (a fixed-size padded window so it compiles once)."""
-    total = len(ids) + n
-    fwd = jax.jit(lambda p, t: full_logits(p, cfg, t))
-    buf = np.zeros((1, total), np.int32)
-    buf[0, :len(ids)] = ids
-    out = []
-    for i in range(len(ids), total):
-        nxt = int(jnp.argmax(fwd(params, jnp.asarray(buf))[0, i - 1]))
-        buf[0, i] = nxt
-        out.append(nxt)
-        if eos_id is not None and nxt == eos_id:
-            break
-    return out

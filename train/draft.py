@@ -86,10 +86,7 @@ def main(argv) -> None:
           f"({target_ms / draft_ms:.1f}x)", flush=True)
     tokens = step * F.batch_size * F.seq_len
     wall = info.get("elapsed_s", float("nan"))
-    record = {"command": info["command"], "export_command": common.command_line(), "seed": F.seed,
-              "target": F.target, "steps": step, "planned_steps": info["steps"], "batch_size": F.batch_size,
-              "seq_len": F.seq_len, "tokens_seen": tokens, "train_wall_s": round(wall, 1), "lr": F.lr,
-              "warmup": F.warmup, "weight_decay": F.weight_decay, "stopped_by_budget": info.get("stopped_by_budget"),
+    record = {**common.run_record(F, info, step), "target": F.target,
               "distillation": {"loss": "(1-ce_weight)*KL(target||draft) + ce_weight*CE",
                                "ce_weight": F.ce_weight, "temperature": F.temperature},
               "decode_ms_per_step_cpu": round(draft_ms, 4), "target_decode_ms_per_step_cpu": round(target_ms, 4),

@@ -84,10 +84,7 @@ def main(argv) -> None:
     decode_ms = common.decode_ms(params, cfg)
     tokens = step * F.batch_size * F.seq_len
     wall = info.get("elapsed_s", float("nan"))
-    record = {"command": info["command"], "export_command": common.command_line(), "seed": F.seed,
-              "steps": step, "planned_steps": info["steps"], "batch_size": F.batch_size, "seq_len": F.seq_len,
-              "tokens_seen": tokens, "train_wall_s": round(wall, 1), "lr": F.lr, "warmup": F.warmup,
-              "weight_decay": F.weight_decay, "stopped_by_budget": info.get("stopped_by_budget"),
+    record = {**common.run_record(F, info, step),
               "decode_ms_per_step_cpu": round(decode_ms, 4), **ev}
     budget_note = (" Stopped by the wall-clock budget before the planned steps." if info.get("stopped_by_budget")
                    else "")
