@@ -87,6 +87,14 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _right_pad(rows: list[list[int]], width: int) -> np.ndarray:
+    """Token-id lists -> int32 [len(rows), width], zero-padded on the right."""
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
 def _encode_all(model: Model, items, what: str) -> list[list[int]]:
     if isinstance(items, (str, bytes)) or (len(items) and isinstance(items[0], (int, np.integer))):
         raise TypeError(f"{what} must be a list (one entry per request), got a single {type(items).__name__}")
@@ -140,10 +148,7 @@ def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[
             raise ValueError(f"method='predicted' needs drafter=<one prediction per prompt> "
                              f"({len(prompts)} prompts)")
         preds = _encode_all(target, drafter, "prediction")
-        Lp = _round_up(max(map(len, preds)), 16)
-        arr = np.zeros((len(preds), Lp), np.int32)
-        for i, p in enumerate(preds):
-            arr[i, :len(p)] = p
+        arr = _right_pad(preds, _round_up(max(map(len, preds)), 16))
         lo, hi = (config.prompt_lookup_min or 1), (config.prompt_lookup_max or 3)
         return PredictedDrafter(k, lo, max(lo, hi)), (jnp.asarray(arr), jnp.asarray([len(p) for p in preds], jnp.int32))
     raise ValueError(f"unknown method {config.method!r}")
@@ -176,9 +181,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         P = pad_to
     buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
     P = min(P, buffer_len)                           # padding must fit the buffer (the real tokens always do)
-    prompt_arr = np.zeros((len(ids), P), np.int32)
-    for i, p in enumerate(ids):
-        prompt_arr[i, :len(p)] = p
+    prompt_arr = _right_pad(ids, P)
     rids = list(range(len(ids))) if request_ids is None else list(request_ids)
     if len(rids) != len(ids):
         raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
