@@ -48,6 +48,13 @@ def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
     return jax.vmap(lambda b, x, s: lax.dynamic_update_slice(b, x, (s,)))(buf, new, starts)
 
 
+def _accepted_then_next(drafted: jax.Array, n: jax.Array, nxt: jax.Array) -> jax.Array:
+    """drafted [B, D] (a chain, or the accepted tree path), n [B] accepted, nxt [B] -> [B, D+1]: the n accepted
+    drafts, then the target's token; what follows is never committed."""
+    pos = jnp.arange(drafted.shape[1] + 1)[None, :]
+    return jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])
+
+
 def _first_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
     if spec.sampling.greedy:
         return jnp.argmax(logits, -1).astype(jnp.int32)
@@ -71,9 +78,8 @@ def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft:
         path, n, nxt = tree_sampled(key, tree.tokens, tree.parents, draft.probs, probabilities(out.logits, sp),
                                     tree.max_depth)
     idx = jnp.maximum(path, 0)                                                      # [B, D+1], -1 pads -> root
-    pos = jnp.arange(path.shape[1])[None, :]
     drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
-    new = jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])   # [B, D+1]
+    new = _accepted_then_next(drafted, n, nxt)                                      # [B, D+1]
     along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
     out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
                      out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
@@ -122,11 +128,10 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
                 n, nxt = chain_greedy(draft.tokens, out.logits)
             else:
                 n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
-            pos = jnp.arange(k + 1)[None, :]
-            new = jnp.where(pos < n[:, None], jnp.pad(draft.tokens, ((0, 0), (0, 1))), nxt[:, None])  # [B, k+1]
+            new = _accepted_then_next(draft.tokens, n, nxt)                             # [B, k+1]
         else:                                                                           # tree of k + 1 nodes
             new, n, out = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1])
-            pos = jnp.arange(new.shape[1])[None, :]                                     # [1, D+1]
+        pos = jnp.arange(new.shape[1])[None, :]
         count = n + 1
         is_eos = (new == eos_id) & (pos < count[:, None])
         hit_eos = jnp.any(is_eos, axis=1)
