@@ -1,32 +1,39 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install what they need.
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv and installs what it needs
+# (the demo needs no torch; the tests compare against transformers, so they install the CPU torch too).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 
-$(STAMP): setup.py
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+# One stamp per set of extras; setup.py changes reinstall.
+$(VENV)/.demo-installed: setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e ".[experiments]"
+	touch $@
+
+$(VENV)/.test-installed: setup.py | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,compare]"
-	touch $(STAMP)
+	$(BIN)/pip install -q -e ".[test,experiments,compare]"
+	touch $@
 
-install: $(STAMP)
+install: $(VENV)/.test-installed
 
-demo: $(STAMP)
+demo: $(VENV)/.demo-installed
 	$(BIN)/python -m experiments.speedup
 
-test: $(STAMP)
+test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-test-slow: $(STAMP)
+test-slow: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m slow tests
 
-test-all: $(STAMP)
+test-all: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q tests
 
-bench: $(STAMP)
+bench: $(VENV)/.test-installed
 	$(BIN)/python -m experiments.bench_plain
 
 .PHONY: install demo test test-slow test-all bench

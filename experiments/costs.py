@@ -8,7 +8,6 @@ which on a ~1 ms CPU step inflates the verify-cost ratio and c.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -56,26 +55,47 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
 
 def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
                     cache_size: int | None = None, inner: int = 16) -> float:
-    """One drafter.propose call (all k draft tokens) on a context of `context` committed tokens."""
-    from specjax.drafters.draft_model import DraftModelDrafter
-    from specjax.drafters.predicted import PredictedDrafter
+    """One drafter.propose call (all k draft tokens, or the whole tree) on a context of `context` committed
+    tokens. The drafter's state comes from its own init() on a random prompt (with the target's prefill output
+    and the target weights it declares), so any registered drafter is measured the way the loop runs it.
+    Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
+    from specjax.decode import target_exposure
+    cfg = model.config
     buffer_len = max(context + 2 * drafter.num_tokens + 8, cache_size or 0)
     rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(1, model.config.vocab_size, (batch, buffer_len)), jnp.int32)
-    if isinstance(drafter, DraftModelDrafter):
-        dc = drafter.config
-        drafter = dataclasses.replace(drafter, cache_size=buffer_len + drafter.extra_cache_slots(
-            drafter.num_tokens, drafter.num_steps, drafter.topk))
-        state = KVCache.init(dc.num_layers, batch, drafter.cache_size, dc.num_kv_heads, dc.head_dim)
-    elif isinstance(drafter, PredictedDrafter):
-        state = jnp.zeros((batch,), jnp.int32)
-    else:
-        state = ()
+    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
+    prompt_len = context // 2
+    layers, exposed = target_exposure(drafter, model.params)
+    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
+    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
+    state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
 
-    def one(i, params, state, tokens):
-        ctx = Context(tokens.at[:, context - 1].set(i % model.config.vocab_size),
-                      jnp.full((batch,), context, jnp.int32), jnp.full((batch,), context // 2, jnp.int32))
+    def one(i, params, state, tokens, exposed):
+        ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed)
         return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
-    return _per_call_seconds(one, (draft_params, state, tokens), inner, reps)
+    return _per_call_seconds(one, (draft_params, state, tokens, exposed), inner, reps)
+
+
+def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,
+                 cache_size: int | None = None, inner: int = 4) -> float:
+    """One drafter.init call after a prompt of prompt_len tokens (e.g. a draft model's own prefill; ~0 for
+    drafters with no state). The target's prefill is not included: forward_seconds measures it."""
+    from specjax.decode import target_exposure
+    cfg = model.config
+    buffer_len = max(prompt_len + 2 * drafter.num_tokens + 8, cache_size or 0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
+    layers, exposed = target_exposure(drafter, model.params)
+    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
+    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+    lengths = jnp.full((batch,), prompt_len, jnp.int32)
+
+    def one(i, params, tokens, prefill, exposed):
+        ctx = Context(tokens.at[:, 0].set(i % cfg.vocab_size), lengths + 1, lengths, exposed)
+        leaves = jax.tree_util.tree_leaves(drafter.init(params, ctx, prefill, sp))
+        return sum((x.ravel()[-1].astype(jnp.float32) for x in leaves), jnp.float32(0))
+
+    return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps)

@@ -3,14 +3,22 @@ prediction from the measured alpha, draft cost c and verify-cost ratio.
 
   python -m experiments.speedup                                   # shipped models, HumanEval + stdlib prompts
   python -m experiments.speedup --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
+  PYTHONPATH=tests python -m experiments.speedup --drafter_modules=_repeat_last_drafter --runs=humaneval:repeat_last:2
 
-Each run is prompt_set:method:k[:tree], where tree is `dyn<D>x<K>` (an EAGLE-2-style dynamic tree of depth D,
-top-K children, k drafted nodes, pruned by cumulative draft log-probability) or `static<N>` (a fixed tree of
-N = k choices: the most probable-looking shapes, rank-0-first). Tree and chain at the same k draft and verify the
-same number of tokens per step. Prompts are decoded one at a time (batch 1), as in the papers' tables.
+Each run is prompt_set:method:k[:tree][:key=value ...], where tree is `dyn<D>x<K>` (an EAGLE-2-style dynamic tree
+of depth D, top-K children, k drafted nodes, pruned by cumulative draft log-probability), `static` (a fixed tree
+of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node tree; k = 63) or `acc` (Medusa:
+the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
+at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
+shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
+of --drafters), `label=` (the row's name), and any SpecConfig field (e.g. acceptance_method=typical_lossy).
+Prompts are decoded one at a time (batch 1), as in the papers' tables.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import json
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -22,12 +30,14 @@ import numpy as np
 import specjax
 from specjax import SpecConfig, analysis
 from specjax.api import make_drafter
+from specjax.drafters import registry
 from experiments import costs
 from experiments.prompts import load_prompt_set
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target model: shipped name or HF directory")
-flags.DEFINE_string("draft", "stdlib-draft", "draft model for method draft_model")
+flags.DEFINE_list("drafters", ["draft_model=stdlib-draft"],
+                  "method=artifact pairs: what each method drafts from (a directory or a shipped name)")
 flags.DEFINE_list("runs", ["humaneval:draft_model:4", "humaneval:draft_model:4:dyn4x2", "humaneval:ngram:4",
                            "stdlib:draft_model:4", "stdlib:ngram:4"], "prompt_set:method:k[:tree] entries")
 flags.DEFINE_integer("num_prompts", 6, "prompts per prompt set")
@@ -38,16 +48,25 @@ flags.DEFINE_float("top_p", 1.0, "top-p (1 = off)")
 flags.DEFINE_integer("prompt_lookup_min", 1, "ngram: shortest n-gram tried")
 flags.DEFINE_integer("prompt_lookup_max", 4, "ngram: longest n-gram tried")
 flags.DEFINE_integer("seed", 0, "sampling seed")
+flags.DEFINE_string("out", "runs/speedup.json", "where the rows are written as JSON ('' = nowhere)")
 flags.DEFINE_integer("repeats", 1, "timed passes over the prompt set (times are averaged over them)")
+flags.DEFINE_list("drafter_modules", [], "importable modules that register extra drafters (specjax.drafters."
+                  "registry.register), imported before the runs; e.g. _repeat_last_drafter with PYTHONPATH=tests")
 
 
-def tree_fields(tree: str, k: int) -> dict:
+def tree_fields(tree: str, k: int, artifact: str | None = None) -> dict:
     """`dyn<D>x<K>` -> dynamic tree; `static` -> a fixed k-node tree (two branches at every depth near the root)."""
     if not tree:
         return dict(num_speculative_tokens=k)
     if tree.startswith("dyn"):
         depth, topk = map(int, tree[3:].split("x"))
         return dict(num_steps=depth, topk=topk, num_draft_tokens=k + 1)
+    if tree.startswith("acc"):             # Medusa: the tree its heads' measured accuracies favour, of k nodes
+        from specjax.drafters.medusa import accuracy_tree
+        return dict(tree_choices=accuracy_tree(artifact, k))
+    if tree == "medusa63":
+        from specjax.trees import MEDUSA_63
+        return dict(tree_choices=MEDUSA_63)
     if tree == "static":
         from specjax.trees import normalize_choices
         choices, frontier = [], [()]
@@ -63,12 +82,37 @@ def tree_fields(tree: str, k: int) -> dict:
     raise ValueError(f"unknown tree {tree!r}: use dyn<D>x<K> or static")
 
 
-def spec_config(method: str, k: int | None, tree: str = "") -> SpecConfig:
+def spec_config(method: str, k: int | None, tree: str = "", artifact: str | None = None, **overrides) -> SpecConfig:
     lookup = dict(prompt_lookup_min=FLAGS.prompt_lookup_min, prompt_lookup_max=FLAGS.prompt_lookup_max) \
-        if method == "ngram" else {}
-    shape = tree_fields(tree, k) if method != "none" else {}
+        if "prompt_lookup_min" in registry.get(method).reads else {}
+    shape = tree_fields(tree, k, artifact) if method != "none" else {}
     return SpecConfig(method=method, max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                      top_k=FLAGS.top_k, top_p=FLAGS.top_p, stop_at_eos=False, **shape, **lookup)
+                      top_k=FLAGS.top_k, top_p=FLAGS.top_p, stop_at_eos=False, **shape, **lookup, **overrides)
+
+
+def parse_run(entry: str) -> dict:
+    """prompt_set:method:k[:tree][:key=value ...] -> its parts (see the module docstring)."""
+    parts = entry.split(":")
+    if len(parts) < 3:
+        raise ValueError(f"run {entry!r}: expected prompt_set:method:k[:tree][:key=value ...]")
+    tree = parts[3] if len(parts) > 3 and "=" not in parts[3] else ""
+    extra = dict(p.split("=", 1) for p in parts[3 + bool(tree):] if p)
+    run = {"pset": parts[0], "method": parts[1], "k": int(parts[2]), "tree": tree,
+           "target": extra.pop("target", FLAGS.target), "drafter": extra.pop("drafter", None),
+           "label": extra.pop("label", None)}
+    fields = {f.name: f.type for f in dataclasses.fields(SpecConfig)}
+    for key, value in extra.items():
+        if key not in fields:
+            raise ValueError(f"run {entry!r}: unknown field {key!r}")
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                pass
+        extra[key] = value
+    run["overrides"] = extra
+    return run
 
 
 def run_prompts(target, prompts, runs: list) -> list[tuple[list, dict]]:
@@ -91,38 +135,66 @@ def run_prompts(target, prompts, runs: list) -> list[tuple[list, dict]]:
                     outs.append(r.tokens[0])
                     for key in ("generated_tokens", "accepted", "drafted", "target_passes"):
                         totals[key] += r.stats[key]
+                    totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
                     totals["first_tokens"] += 1
                     totals["buffer_len"] = r.stats["buffer_len"]
     for _, totals in results:
         totals["tokens_per_s"] = totals["generated_tokens"] / totals["wall_s"]
         totals["alpha"] = totals["accepted"] / max(totals["drafted"], 1)
         totals["tau"] = (totals["generated_tokens"] - totals["first_tokens"]) / max(totals["target_passes"], 1)
+        hist = np.asarray(totals["accept_hist"])                 # P(draft i accepted) among verify steps
+        totals["accept_per_position"] = [float(hist[i + 1:].sum() / max(totals["target_passes"], 1))
+                                         for i in range(len(hist) - 1)]
     return results
+
+
+_loaded: dict = {}
+
+
+def drafter_argument(target, method: str, plain_outputs: list, artifact: str | None = None):
+    """What `method` drafts from in this experiment: its artifact (the run's drafter=, else --drafters; loaded
+    once and reused), the plain outputs as predictions for methods that take one prediction per request, else
+    None."""
+    spec = registry.get(method)
+    artifact = artifact or dict(entry.split("=", 1) for entry in FLAGS.drafters).get(method)
+    if artifact:
+        key = (target.name, method, artifact)
+        if key not in _loaded:
+            _loaded[key] = spec.load(target, artifact) if spec.load else artifact
+        return _loaded[key]
+    if spec.per_request_params:
+        return plain_outputs
+    return None
 
 
 def main(argv):
     del argv
-    target = specjax.load_model(FLAGS.target)
-    draft = None
+    for module in FLAGS.drafter_modules:
+        importlib.import_module(module)
     sp = spec_config("none", None).sampling
-    print(f"target {target.name}: {target.config.num_params() / 1e6:.1f}M params; "
-          f"jax {jax.__version__} on {jax.devices()[0].platform}; temperature {FLAGS.temperature}")
-    rows, baselines, prompt_sets = [], {}, {}
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; temperature {FLAGS.temperature}")
+    rows, baselines, prompt_sets, targets, records = [], {}, {}, {}, []
     for entry in FLAGS.runs:
-        pset, method, k, tree = (entry.split(":") + [""])[:4]
-        k = int(k)
-        if pset not in prompt_sets:
-            prompt_sets[pset] = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
-            baselines[pset] = run_prompts(target, prompt_sets[pset], [(spec_config("none", None), None)])[0]
-            tps = baselines[pset][1]["tokens_per_s"]
-            print(f"plain decoding on {pset}: {tps:.1f} tok/s, "
+        run = parse_run(entry)
+        pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
+        if run["target"] not in targets:
+            targets[run["target"]] = specjax.load_model(run["target"])
+            t = targets[run["target"]]
+            print(f"target {t.name}: {t.config.num_params() / 1e6:.1f}M params")
+        target = targets[run["target"]]
+        key = (pset, run["target"])
+        if key not in prompt_sets:
+            prompt_sets[key] = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
+            baselines[key] = run_prompts(target, prompt_sets[key], [(spec_config("none", None), None)])[0]
+            tps = baselines[key][1]["tokens_per_s"]
+            print(f"plain decoding of {target.name} on {pset}: {tps:.1f} tok/s, "
                   f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weight reads")
-        prompts = prompt_sets[pset]
-        if method == "draft_model" and draft is None:
-            draft = specjax.load_model(FLAGS.draft)
-        drafter_arg = draft if method == "draft_model" else (baselines[pset][0] if method == "predicted" else None)
-        config = spec_config(method, k, tree)
-        base_outs = baselines[pset][0]
+        prompts = prompt_sets[key]
+        drafter_arg = drafter_argument(target, method, baselines[key][0], run["drafter"])
+        artifact = run["drafter"] or dict(e.split("=", 1) for e in FLAGS.drafters).get(method)
+        config = spec_config(method, k, tree, artifact, **run["overrides"])
+        k = config.k
+        base_outs = baselines[key][0]
         # Plain decoding is timed again, interleaved with this run, for the speedup of this row.
         (_, base), (outs, st) = run_prompts(target, prompts, [(spec_config("none", None), None),
                                                                (config, drafter_arg)])
@@ -134,13 +206,13 @@ def main(argv):
         t1 = costs.forward_seconds(target, context, 1, reps=50, cache_size=buf)
         tv = costs.forward_seconds(target, context, k + 1, reps=50, cache_size=buf)
         ids = [target.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]]
-        d_obj, d_params = make_drafter(target, config, drafter_arg[:1] if method == "predicted" else drafter_arg,
-                                       ids, context + 2 * k + 8)
+        per_request = registry.get(method).per_request_params
+        d_obj, d_params = make_drafter(target, config, drafter_arg[:1] if per_request else drafter_arg,
+                                       ids, max(buf, context + 2 * k + 8))
         tp = costs.propose_seconds(d_obj, d_params, target, context, sp, reps=50, cache_size=buf)
-        # Prefill (prompt padded to the set's longest, as in run_prompts), and the draft model's own prefill.
+        # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
         t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, cache_size=buf)
-        t_dpre = costs.forward_seconds(draft, 0, max(lens), reps=10, cache_size=buf) \
-            if method == "draft_model" else 0.0
+        t_dpre = costs.init_seconds(d_obj, d_params, target, max(lens), sp, reps=10, cache_size=buf)
         c, verify_cost = tp / (k * t1), tv / t1
         # Chains: the i.i.d. acceptance that explains tau, through Leviathan's formula. Trees have no alpha; their
         # prediction is tau over the measured cost of a step (draft + verify), in units of a decode step.
@@ -154,20 +226,36 @@ def main(argv):
         step_ms = 1e3 * (st["wall_s"] - n * (t_pre + t_dpre)) / st["target_passes"]
         steady = (plain_ms / base["tau"]) / (step_ms / st["tau"])
         exact = "yes" if outs == base_outs else "no"
-        rows.append((pset, method + (f"/{tree}" if tree else ""), k, st["alpha"], alpha_fit, st["tau"],
+        name = run["label"] or method + (f"/{tree}" if tree else "") + \
+            "".join(f"/{v}" for v in run["overrides"].values())
+        per_pos = ",".join(f"{a:.2f}" for a in st["accept_per_position"][:8])
+        records.append(dict(prompts=pset, method=name, target=target.name, k=k, alpha=st["alpha"],
+                            alpha_fit=alpha_fit, tau=st["tau"], accept_per_position=st["accept_per_position"],
+                            tokens_per_s=st["tokens_per_s"], plain_tokens_per_s=base["tokens_per_s"],
+                            speedup=measured, steady=steady, predicted=predicted, c=c, verify_cost=verify_cost,
+                            exact=exact if FLAGS.temperature == 0 else "n/a"))
+        print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} {name}: tau {st['tau']:.2f}, per-position acceptance "
+              f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
+        rows.append((pset, name, k, st["alpha"], alpha_fit, st["tau"],
                      st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
                      exact if FLAGS.temperature == 0 else "n/a", plain_ms, t1 * 1e3, step_ms, (tp + tv) * 1e3))
 
+    if FLAGS.out:
+        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+        with open(FLAGS.out, "w") as f:
+            json.dump({"flags": {k: FLAGS[k].value for k in ("runs", "num_prompts", "max_new_tokens", "temperature",
+                                                            "repeats", "drafters", "seed")}, "rows": records}, f,
+                      indent=1)
     print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau; c = draft cost per token "
           "/ target decode step; vcost = (k+1)-position verify / 1-position decode; predicted = "
           "(1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit")
-    hdr = (f"{'prompts':>9} {'method':>18} {'k':>2} {'alpha':>6} {'a_fit':>6} {'tau':>5} {'tok/s':>7} "
+    hdr = (f"{'prompts':>9} {'method':>28} {'k':>2} {'alpha':>6} {'a_fit':>6} {'tau':>5} {'tok/s':>7} "
            f"{'plain':>7} {'speedup':>8} {'steady':>7} {'predicted':>9} {'gap':>6} {'c':>6} {'vcost':>6} "
            f"{'exact':>5} {'plain ms/step':>13} {'(model)':>7} {'spec ms/step':>12} {'(model)':>7}")
     print(hdr)
     for r in rows:
         pset, method, k, alpha, afit, tau, tps, base_tps, meas, steady, pred, c, vc, exact, pms, t1ms, sms, pm = r
-        print(f"{pset:>9} {method:>18} {k:>2} {alpha:6.3f} {afit:6.3f} {tau:5.2f} {tps:7.1f} {base_tps:7.1f} "
+        print(f"{pset:>9} {method:>28} {k:>2} {alpha:6.3f} {afit:6.3f} {tau:5.2f} {tps:7.1f} {base_tps:7.1f} "
               f"{meas:7.2f}x {steady:6.2f}x {pred:8.2f}x {steady / pred - 1:+6.1%} {c:6.3f} {vc:6.2f} "
               f"{exact:>5} {pms:13.2f} {t1ms:7.2f} {sms:12.2f} {pm:7.2f}")
     print("speedup: end to end (tokens/s, prefill included); steady: the decode loop alone (measured prefill time "

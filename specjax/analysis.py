@@ -1,7 +1,8 @@
 """The analytic speedup model of speculative decoding (Leviathan et al. 2023, arXiv 2211.17192, Section 3).
 
 Pure Python/numpy: these functions predict what the engine should measure, so every measured speedup can be
-printed next to its prediction (see DESIGN.md, "Measuring").
+printed next to its prediction; a gap between the two is the engine's overhead (or a wrong assumption), made
+visible.
 
 Vocabulary:
   alpha        probability that one drafted token is accepted, assumed i.i.d. across positions

@@ -13,10 +13,7 @@ import numpy as np
 
 from specjax.config import SpecConfig
 from specjax.decode import decode
-from specjax.drafters.base import NullDrafter
-from specjax.drafters.draft_model import DraftModelDrafter
-from specjax.drafters.ngram import NgramDrafter
-from specjax.drafters.predicted import PredictedDrafter
+from specjax.drafters import registry
 from specjax.metrics import summarize
 from specjax.models.config import ModelConfig
 from specjax.models.llama import full_logits
@@ -87,7 +84,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _right_pad(rows: list[list[int]], width: int) -> np.ndarray:
+def right_pad(rows: list[list[int]], width: int) -> np.ndarray:
     """Token-id lists -> int32 [len(rows), width], zero-padded on the right."""
     out = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
@@ -95,11 +92,19 @@ def _right_pad(rows: list[list[int]], width: int) -> np.ndarray:
     return out
 
 
-def _encode_all(model: Model, items, what: str) -> list[list[int]]:
-    if isinstance(items, (str, bytes)) or (len(items) and isinstance(items[0], (int, np.integer))):
-        raise TypeError(f"{what} must be a list (one entry per request), got a single {type(items).__name__}")
+def encode_all(model: Model, items, what: str) -> list[list[int]]:
+    """Strings or token-id lists, one per request -> token-id lists, checked against the model's vocabulary."""
+    if items is None:
+        raise TypeError(f"{what}s must be a list (one entry per request), got None")
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__") \
+            or (len(items) and isinstance(items[0], (int, np.integer))):
+        raise TypeError(f"{what}s must be a list (one entry per request), got a single {type(items).__name__}")
+    if len(items) == 0:
+        raise ValueError(f"no {what}s: pass at least one (a string or a list of token ids)")
     out = []
     for i, p in enumerate(items):
+        if not isinstance(p, str) and not hasattr(p, "__iter__"):
+            raise TypeError(f"{what} {i} must be a string or a list of token ids, got {type(p).__name__}")
         ids = model.encode(p) if isinstance(p, str) else [int(t) for t in p]
         if not ids:
             raise ValueError(f"{what} {i} is empty (0 tokens); every request needs at least one token")
@@ -110,60 +115,34 @@ def _encode_all(model: Model, items, what: str) -> list[list[int]]:
     return out
 
 
-def check_same_vocabulary(target: Model, draft: Model) -> None:
-    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage)."""
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} has vocab_size "
-                         f"{draft.config.vocab_size}, target {target.name!r} has {target.config.vocab_size}")
-    if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-            raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} and target {target.name!r} have "
-                             "the same vocab_size but different tokenizers (token ids map to different strings)")
-
-
 def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[list[int]], buffer_len: int):
-    """-> (static drafter object, its array params)."""
-    k = config.k
-    if config.method == "none":
-        if drafter is not None:
-            raise ValueError("method='none' takes no drafter")
-        return NullDrafter(), ()
-    if config.method == "ngram":
-        lo, hi = config.lookup_range
-        return NgramDrafter(k, lo, hi), ()
-    if config.method == "draft_model":
-        if not isinstance(drafter, Model):
-            raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model>")
-        check_same_vocabulary(target, drafter)
-        steps, topk = (config.num_steps or 0), (config.topk or 0)        # 0: chain or static tree
-        width = config.tree.topk if config.tree is not None else topk
-        if width > target.config.vocab_size:
-            raise ValueError(f"the tree asks for the top-{width} draft tokens per node but the vocabulary has only "
-                             f"{target.config.vocab_size}")
-        extra = DraftModelDrafter.extra_cache_slots(k, steps, topk)
-        return DraftModelDrafter(k, drafter.config, buffer_len + extra, config.implementation, config.tree, steps,
-                                 topk), drafter.params
-    if config.method == "predicted":
-        if drafter is None or len(drafter) != len(prompts):
-            raise ValueError(f"method='predicted' needs drafter=<one prediction per prompt> "
-                             f"({len(prompts)} prompts)")
-        preds = _encode_all(target, drafter, "prediction")
-        arr = _right_pad(preds, _round_up(max(map(len, preds)), 16))
-        lo, hi = (config.prompt_lookup_min or 1), (config.prompt_lookup_max or 3)
-        return PredictedDrafter(k, lo, max(lo, hi)), (jnp.asarray(arr), jnp.asarray([len(p) for p in preds], jnp.int32))
-    raise ValueError(f"unknown method {config.method!r}")
+    """-> (static drafter object, its array params), built by the method's registered builder."""
+    return registry.get(config.method).build(registry.BuildRequest(config, target, drafter, prompts, buffer_len))
 
 
 def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
              seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None,
              pad_to: int | None = None) -> GenerateResult:
-    """Decode each prompt (a string or a list of token ids) with `config.method`. Greedy output equals plain
+    """Decode each prompt (a string or a list of token ids) with `config.method` (any registered method:
+    specjax.drafters.registry.methods()). `drafter` is what that method drafts from: a loaded artifact (a specjax
+    Model for draft_model), a directory or a shipped name, predictions for "predicted", None for ngram/none. Greedy output equals plain
     greedy decoding token for token; sampled output is distributed exactly as the target's. A request's random
     stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates.
     mesh: a specjax.sharding.make_mesh() mesh; weights (target and draft) are split over its "model" axis and
     requests over "data" -- the same tokens as on one device."""
-    config = config or SpecConfig()
-    ids = _encode_all(model, prompts, "prompt")
+    if config is None:
+        config = SpecConfig()
+    elif isinstance(config, dict):
+        known = {f.name for f in dataclasses.fields(SpecConfig)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"config has unknown fields {unknown}; SpecConfig fields are {sorted(known)}")
+        config = SpecConfig(**config)
+    elif not isinstance(config, SpecConfig):
+        raise TypeError(f"config must be a SpecConfig (or a dict of its fields), got {type(config).__name__}")
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a specjax Model (specjax.load_model(...)), got {type(model).__name__}")
+    ids = encode_all(model, prompts, "prompt")
     k = config.k
     longest = max(map(len, ids))
     needed = longest + config.max_new_tokens + k + 1
@@ -181,7 +160,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         P = pad_to
     buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
     P = min(P, buffer_len)                           # padding must fit the buffer (the real tokens always do)
-    prompt_arr = _right_pad(ids, P)
+    prompt_arr = right_pad(ids, P)
     rids = list(range(len(ids))) if request_ids is None else list(request_ids)
     if len(rids) != len(ids):
         raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
@@ -192,7 +171,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
 
     params, rows = model.params, [prompt_arr, np.asarray([len(p) for p in ids], np.int32), np.asarray(keys)]
     if mesh is not None:         # batch padded to the data axis with dummy rows, which are dropped below
-        params, draft_params, rows = shard_for_generate(mesh, model, drafter, draft_params, rows)
+        params, draft_params, rows = shard_for_generate(mesh, model, config.method, drafter_obj, draft_params, rows)
 
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from typing import Any, Mapping
+
+from specjax.drafters import registry
 from specjax.sampling import SamplingParams, validate_sampling
+from specjax.tree_search import max_dynamic_nodes
 from specjax.trees import TreeSpec
 
-CHAIN_METHODS = ("none", "draft_model", "ngram", "predicted")
-TREE_METHODS = ("draft_model",)                    # drafters that can propose token trees
 MAX_SPECULATIVE_TOKENS = 64                        # drafted tokens per step (tree nodes besides the root)
 
 
@@ -31,17 +33,26 @@ class SpecConfig:
     topk: int | None = None
     num_draft_tokens: int | None = None
     tree_choices: tuple | None = None              # normalised to sorted tuples of ints on construction
+    # Acceptance rule at temperature > 0. "exact": speculative sampling, the output is distributed as the target's.
+    # "typical_lossy": Medusa's typical acceptance (accept a draft whose target probability exceeds
+    # min(posterior_threshold, posterior_alpha * exp(-entropy))) -- LOSSY, the output distribution shifts.
+    acceptance_method: str = "exact"
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    # Settings of one drafter beyond the shared fields, e.g. {"posterior_threshold": 0.09}; each drafter declares
+    # the names, defaults and allowed values it takes (specjax.drafters.registry). Stored as sorted items.
+    drafter_options: Any = None
 
     def __post_init__(self):
-        if self.method not in CHAIN_METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r}; choose one of {CHAIN_METHODS}")
+        spec = registry.get(self.method)
+        self._validate_fields(spec)
         self._validate_tree()
         k = self.num_speculative_tokens
         if self.is_tree:
             if k is not None and k != self.k:
                 raise ValueError(f"num_speculative_tokens={k} disagrees with the tree, which drafts {self.k} "
                                  "tokens per step; leave num_speculative_tokens unset for trees")
-        elif self.method == "none":
+        elif not spec.speculates:
             if k not in (None, 0):
                 raise ValueError(f"method='none' takes no num_speculative_tokens (got {k})")
         else:
@@ -59,13 +70,65 @@ class SpecConfig:
             raise ValueError(f"prompt_lookup_min={lo} > prompt_lookup_max={hi}")
         if self.implementation not in ("xla", "pallas", "pallas_gpu", "pallas_tpu"):
             raise ValueError(f"unknown attention implementation {self.implementation!r}")
+        if self.acceptance_method not in ("exact", "typical_lossy"):
+            raise ValueError(f"acceptance_method must be 'exact' or 'typical_lossy' (lossy, opt-in), got "
+                             f"{self.acceptance_method!r}")
+        if self.acceptance_method == "exact" and (self.posterior_threshold, self.posterior_alpha) != (0.09, 0.3):
+            raise ValueError("posterior_threshold / posterior_alpha only apply to acceptance_method='typical_lossy'")
+        for name in ("posterior_threshold", "posterior_alpha"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v!r}")
+        if self.acceptance_method == "typical_lossy" and not spec.speculates:
+            raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
+        if spec.validate is not None:
+            spec.validate(self)
+
+    def _validate_fields(self, spec: registry.DrafterSpec) -> None:
+        """A field the method does not read would be silently ignored: refuse it. Options are checked against
+        the drafter's declaration and stored as sorted items (the config is a static jit argument)."""
+        for f in dataclasses.fields(self):
+            if f.name in spec.fields or f.name in registry.TREE_FIELDS:     # trees get their own message
+                continue
+            if getattr(self, f.name) != f.default:
+                own = spec.reads + (registry.TREE_FIELDS if spec.trees else ())
+                raise ValueError(f"{f.name} is not used by method={self.method!r} (it reads "
+                                 f"{', '.join(own) or 'only the common fields'}); "
+                                 f"remove it or pick a method that reads it")
+        opts = self.drafter_options
+        if opts is None:
+            opts = {}
+        elif isinstance(opts, tuple):
+            opts = dict(opts)
+        if not isinstance(opts, Mapping):
+            raise TypeError(f"drafter_options must be a dict of option name -> value, got {type(opts).__name__}")
+        for name, value in opts.items():
+            if name not in spec.options:
+                raise ValueError(f"method={self.method!r} has no option {name!r}; its options are "
+                                 f"{sorted(spec.options) or 'none'}")
+            opt = spec.options[name]
+            try:
+                ok = opt.check(value)
+            except Exception:                               # a malformed value fails the check, not the caller
+                ok = False
+            if not ok:
+                raise ValueError(f"drafter option {name}={value!r} for method={self.method!r}: {opt.help}")
+        object.__setattr__(self, "drafter_options", tuple(sorted(opts.items())) or None)
+
+    def option(self, name: str) -> Any:
+        """The value of one of the method's drafter_options, or its declared default."""
+        spec = registry.get(self.method)
+        if name not in spec.options:
+            raise KeyError(f"method={self.method!r} declares no option {name!r}")
+        return dict(self.drafter_options or ()).get(name, spec.options[name].default)
 
     def _validate_tree(self) -> None:
         dynamic = {"num_steps": self.num_steps, "topk": self.topk, "num_draft_tokens": self.num_draft_tokens}
         if self.tree_choices is None and all(v is None for v in dynamic.values()):
             return
-        if self.method not in TREE_METHODS:
-            raise ValueError(f"token trees are supported for method in {TREE_METHODS}, not {self.method!r}")
+        if not registry.get(self.method).trees:
+            raise ValueError(f"method={self.method!r} cannot draft token trees; methods that can: "
+                             f"{registry.tree_methods()}")
         if self.tree_choices is not None:
             if any(v is not None for v in dynamic.values()):
                 raise ValueError("give either tree_choices (a static tree) or num_steps/topk/num_draft_tokens "
@@ -83,7 +146,7 @@ class SpecConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{n} must be an int >= 1, got {v!r}")
         steps, topk = self.num_steps, self.topk
-        most = 1 + topk + (steps - 1) * topk * topk      # root + root's top-k + top-k children of each frontier
+        most = max_dynamic_nodes(steps, topk)
         if not 2 <= self.num_draft_tokens <= min(most, MAX_SPECULATIVE_TOKENS + 1):
             raise ValueError(f"num_draft_tokens={self.num_draft_tokens} (root included) must be in "
                              f"[2, {min(most, MAX_SPECULATIVE_TOKENS + 1)}] for num_steps={steps}, topk={topk}")

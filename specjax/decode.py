@@ -18,11 +18,12 @@ from jax import lax
 
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
-from specjax.drafters.base import Context, Draft, Drafter, last_tokens
+from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens, target_weight
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward
 from specjax.sampling import probabilities, sample
-from specjax.verify import chain_greedy, chain_sampled, tree_greedy, tree_sampled
+from specjax.verify import (chain_greedy, chain_sampled, chain_typical_lossy, tree_greedy, tree_sampled,
+                            tree_typical_lossy)
 
 
 class DecodeStats(NamedTuple):
@@ -62,18 +63,23 @@ def _first_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Ar
 
 
 def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft: Draft, cache: KVCache,
-                 key: jax.Array) -> tuple[jax.Array, jax.Array, ForwardOut]:
+                 key: jax.Array, layers: tuple) -> tuple[jax.Array, jax.Array, ForwardOut, Verified]:
     """One target forward over the T tree nodes (root = last committed token), accept a root-to-node path, and
     compact its KV entries (slots lengths + node index) to contiguous slots from lengths.
 
     Returns (new [B, D+1]: the path's drafted tokens then the next token, n [B] accepted drafts, the target
-    output gathered along the path, so drafters see it in sequence order like a chain, with the compacted cache).
+    output gathered along the path, so drafters see it in sequence order like a chain, with the compacted cache,
+    and the whole verify pass).
     """
     tree, sp = draft.tree, spec.sampling
     out = forward(target_params, cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
-                  implementation=spec.implementation)
+                  hidden_layers=layers, implementation=spec.implementation)
+    verified = Verified(tree.tokens, tree.parents, out)
     if sp.greedy:
         path, n, nxt = tree_greedy(tree.tokens, tree.parents, out.logits, tree.max_depth)
+    elif spec.acceptance_method == "typical_lossy":
+        path, n, nxt = tree_typical_lossy(key, tree.tokens, tree.parents, probabilities(out.logits, sp),
+                                          spec.posterior_threshold, spec.posterior_alpha, tree.max_depth)
     else:
         path, n, nxt = tree_sampled(key, tree.tokens, tree.parents, draft.probs, probabilities(out.logits, sp),
                                     tree.max_depth)
@@ -83,7 +89,14 @@ def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft:
     along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
     out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
                      out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
-    return new, n, out
+    return new, n, out, verified
+
+
+def target_exposure(drafter: Drafter, target_params: dict) -> tuple[tuple[int, ...], dict]:
+    """What a drafter declared it reads of the target: (layer indices requested from every target forward,
+    {name: target weight}). A drafter that declares nothing gets ((), {}): the forward computes nothing extra."""
+    layers = tuple(getattr(drafter, "target_layers", ()))
+    return layers, {name: target_weight(target_params, name) for name in getattr(drafter, "target_weights", ())}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len"))
@@ -101,13 +114,14 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
 
     cache = KVCache.init(cfg.num_layers, B, buffer_len, cfg.num_kv_heads, cfg.head_dim,
                          target_params["embed"].dtype)
-    prefill = forward(target_params, cfg, prompts, cache, implementation=spec.implementation)
+    layers, exposed = target_exposure(drafter, target_params)
+    prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation)
     last_logits = jnp.take_along_axis(prefill.logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
     first = _first_token(last_logits, step_keys(0), spec)                             # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)
     tokens = _write_rows(tokens, first[:, None], prompt_lengths)
     length = prompt_lengths + 1
-    ctx = Context(tokens, length, prompt_lengths)
+    ctx = Context(tokens, length, prompt_lengths, exposed)
     draft_state = drafter.init(draft_params, ctx, prefill, sp)
     zeros = jnp.zeros((B,), jnp.int32)
     state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == eos_id) | (max_new <= 1),
@@ -118,19 +132,24 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
         return jnp.any(~s.done) & (s.step < max_new)
 
     def body(s: LoopState):
-        ctx = Context(s.tokens, s.length, prompt_lengths)
+        ctx = Context(s.tokens, s.length, prompt_lengths, exposed)
         keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))      # [B, 2] keys
         draft, draft_state = drafter.propose(draft_params, s.draft_state, ctx, keys[:, 0], sp)
         if draft.tree is None:                                                          # chain
             verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)   # [B, k+1]
-            out = forward(target_params, cfg, verify_in, s.cache, implementation=spec.implementation)
+            out = forward(target_params, cfg, verify_in, s.cache, hidden_layers=layers,
+                          implementation=spec.implementation)
+            verified = Verified(verify_in, None, out)
             if sp.greedy:
                 n, nxt = chain_greedy(draft.tokens, out.logits)
+            elif spec.acceptance_method == "typical_lossy":
+                n, nxt = chain_typical_lossy(keys[:, 1], draft.tokens, probabilities(out.logits, sp),
+                                             spec.posterior_threshold, spec.posterior_alpha)
             else:
                 n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
             new = _accepted_then_next(draft.tokens, n, nxt)                             # [B, k+1]
         else:                                                                           # tree of k + 1 nodes
-            new, n, out = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1])
+            new, n, out, verified = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1], layers)
         pos = jnp.arange(new.shape[1])[None, :]
         count = n + 1
         is_eos = (new == eos_id) & (pos < count[:, None])
@@ -143,8 +162,8 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
         num_new = s.num_new + count
         done = s.done | (active & hit_eos) | (num_new >= max_new)
         length = s.length + count
-        ctx = Context(tokens, length, prompt_lengths)
-        draft_state = drafter.commit(draft_params, draft_state, ctx, n, out)
+        ctx = Context(tokens, length, prompt_lengths, exposed)
+        draft_state = drafter.commit(draft_params, draft_state, ctx, n, out, verified)
         a = active.astype(jnp.int32)
         st = s.stats
         stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,

@@ -92,7 +92,7 @@ def validate_mesh(cfg: ModelConfig, mesh: Mesh, batch: int | None = None, what: 
                          f"(generate(mesh=...) pads the batch itself; pad it to a multiple of {d})")
 
 
-def _fit(spec: P, shape: tuple[int, ...], mesh) -> P:
+def fit_spec(spec: P, shape: tuple[int, ...], mesh) -> P:
     """Drop mesh axes from dims they do not divide (those dims are replicated instead)."""
     return P(*[a if a is None or shape[i] % _axis(mesh, a) == 0 else None for i, a in enumerate(spec)])
 
@@ -110,7 +110,7 @@ def param_specs(cfg: ModelConfig, params: Any, mesh: Mesh | None = None) -> Any:
     def spec(path, x):
         key = next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)
         s = leaf_spec(key)
-        return _fit(s, x.shape, mesh) if mesh is not None else s
+        return fit_spec(s, x.shape, mesh) if mesh is not None else s
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
@@ -137,10 +137,10 @@ def constrain_cache(cache):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or tuple(mesh.axis_names) != AXES:
         return cache
-    kv = _fit(CACHE_SPEC, cache.k.shape, mesh)
+    kv = fit_spec(CACHE_SPEC, cache.k.shape, mesh)
     wsc = jax.lax.with_sharding_constraint
     return cache.replace(k=wsc(cache.k, kv), v=wsc(cache.v, kv),
-                         lengths=wsc(cache.lengths, _fit(LENGTHS_SPEC, cache.lengths.shape, mesh)))
+                         lengths=wsc(cache.lengths, fit_spec(LENGTHS_SPEC, cache.lengths.shape, mesh)))
 
 
 # ----------------------------------------------------------------------------------- batches for generate()
@@ -158,25 +158,25 @@ def shard_rows(x, mesh: Mesh) -> jax.Array:
     return put(x, NamedSharding(mesh, P("data", *([None] * (np.ndim(x) - 1)))))
 
 
-def is_llama_params(tree: Any) -> bool:
-    return isinstance(tree, dict) and "layers" in tree and "embed" in tree
-
-
-def shard_for_generate(mesh: Mesh, model, drafter: Any, draft_params: Any, rows: Sequence[np.ndarray]):
+def shard_for_generate(mesh: Mesh, model, method: str, drafter: Any, draft_params: Any,
+                       rows: Sequence[np.ndarray]):
     """-> (target params, draft params, rows) placed on `mesh`, for specjax.generate(mesh=...).
-    The target must shard evenly (validate_mesh). Drafter params are either a Llama params pytree (same
-    specs as the target; dims the mesh does not divide, e.g. a 1-kv-head draft model, stay replicated) or
-    per-request arrays with a leading batch dim (padded like `rows` and split over "data").
+    The target must shard evenly (validate_mesh). The drafter's params are laid out as its registry entry
+    declares: its own partition specs (e.g. a draft model: the target's Llama layout, dims the mesh does not
+    divide replicated), per-request rows (padded like `rows` and split over "data"), or replicated.
     rows: per-request host arrays (prompts, lengths, keys), padded to a multiple of the data axis."""
+    from specjax.drafters import registry
     validate_mesh(model.config, mesh)
     d = _axis(mesh, "data")
     rows = [shard_rows(pad_rows(np.asarray(r), d), mesh) for r in rows]
     params = shard_params(model.params, model.config, mesh)
-    if is_llama_params(draft_params):
-        draft_params = shard_params(draft_params, getattr(drafter, "config", model.config), mesh)
+    spec = registry.get(method)
+    if spec.per_request_params:
+        draft_params = jax.tree_util.tree_map(lambda x: shard_rows(pad_rows(np.asarray(x), d), mesh), draft_params)
     else:
-        draft_params = jax.tree_util.tree_map(lambda x: shard_rows(pad_rows(np.asarray(x), d), mesh),
-                                              draft_params)
+        specs = (spec.param_specs(drafter, draft_params, mesh) if spec.param_specs is not None
+                 else jax.tree_util.tree_map(lambda _: P(), draft_params))
+        draft_params = jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(mesh, s)), draft_params, specs)
     return params, draft_params, rows
 
 
@@ -197,7 +197,7 @@ def placer(mesh: Mesh, dtype) -> Callable[[str, np.ndarray], jax.Array]:
     np_dtype = np.dtype(dtype)
 
     def place(key: str, a: np.ndarray) -> jax.Array:
-        sharding = NamedSharding(mesh, _fit(leaf_spec(key), a.shape, mesh))
+        sharding = NamedSharding(mesh, fit_spec(leaf_spec(key), a.shape, mesh))
         return jax.make_array_from_callback(a.shape, sharding, lambda idx: np.asarray(a[idx], dtype=np_dtype))
     return place
 

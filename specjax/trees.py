@@ -1,7 +1,7 @@
 """Token trees as fixed-shape arrays: static trees from Medusa/EAGLE "choices", dynamic EAGLE-2 trees, masks
 and root-to-node paths.
 
-Conventions (the peers' conventions, see shared/reference/peers.md):
+Conventions (those of the Medusa, EAGLE and SGLang implementations, so their tree choices load unchanged):
   - node 0 is the root: the last committed token, not yet in the KV cache; it is verified with the tree
   - every other node t has a parent p < t, so node order is a topological order (parents first)
   - mask[i, j]: node i attends to node j iff j is i itself or one of its ancestors (the root included)
@@ -51,6 +51,30 @@ def full_tree_choices(depth: int, branching: int) -> list[Choice]:
     if depth < 1 or branching < 1:
         raise ValueError(f"depth and branching must be >= 1, got depth={depth}, branching={branching}")
     return [c for d in range(1, depth + 1) for c in product(range(branching), repeat=d)]
+
+
+def choices_from_accuracies(rank_accuracy: Sequence[Sequence[float]], num_nodes: int) -> tuple[Choice, ...]:
+    """The tree of num_nodes drafted nodes that maximises the expected number of accepted tokens when the drafter
+    at depth d puts the right token at rank r with probability rank_accuracy[d][r] independently of the path
+    (Medusa's construction from measured per-head top-k accuracies). A node's value is the product of its
+    path's accuracies; best-first search adds the most valuable node whose parent is in the tree, which is
+    optimal because a child is never worth more than its parent."""
+    import heapq
+    acc = [list(map(float, row)) for row in rank_accuracy]
+    if not acc or any(not row or min(row) < 0 or max(row) > 1 for row in acc):
+        raise ValueError("rank_accuracy must be a non-empty [depth][rank] table of probabilities in [0, 1]")
+    if num_nodes < 1:
+        raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+    heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))]
+    heapq.heapify(heap)
+    chosen: list[Choice] = []
+    while heap and len(chosen) < num_nodes:
+        neg, node = heapq.heappop(heap)
+        chosen.append(node)
+        if len(node) < len(acc):
+            for r, a in enumerate(acc[len(node)]):
+                heapq.heappush(heap, (neg * a, node + (r,)))
+    return normalize_choices(chosen)
 
 
 def normalize_choices(choices: Sequence[Sequence[int]], max_depth: Optional[int] = None,

@@ -76,6 +76,19 @@ def _tree_parents(parents: jax.Array | TreeSpec, batch: int, num_nodes: int,
     return parents, (num_nodes - 1 if max_depth is None else max_depth)
 
 
+def _deepest_accepted(tree_tokens: jax.Array, parents: jax.Array, ok: jax.Array,
+                      max_depth: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """ok [B, T]: node t passes its own test (the root always). -> (path, num_accepted, best node): the deepest
+    node whose whole root path passes, first in node order on ties."""
+    ok = ok | (parents < 0)                                                          # the root is committed
+    mask = mask_from_parents(parents)                                                # [B, T, T]
+    good = jnp.all(~mask | ok[:, None, :], axis=-1)                                 # [B, T] whole path passes
+    depths = jnp.sum(mask, axis=-1).astype(jnp.int32) - 1                            # [B, T]
+    best = jnp.argmax(jnp.where(good, depths, -1), axis=1).astype(jnp.int32)        # [B]
+    n = jnp.take_along_axis(depths, best[:, None], axis=1)[:, 0]
+    return path_to_node(parents, best, max_depth), n, best
+
+
 def tree_greedy(tree_tokens: jax.Array, parents: jax.Array | TreeSpec, target_logits: jax.Array,
                 max_depth: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """tree_tokens [B, T] (root first), parents [B, T] / [T] / TreeSpec, target_logits [B, T, V] ->
@@ -88,14 +101,48 @@ def tree_greedy(tree_tokens: jax.Array, parents: jax.Array | TreeSpec, target_lo
     parents, max_depth = _tree_parents(parents, B, T, max_depth)
     target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)            # [B, T]
     wanted = jnp.take_along_axis(target_tokens, jnp.maximum(parents, 0), axis=1)    # [B, T] argmax at parent
-    ok = (tree_tokens == wanted) | (parents < 0)                                     # the root is committed
-    mask = mask_from_parents(parents)                                                # [B, T, T]
-    good = jnp.all(~mask | ok[:, None, :], axis=-1)                                 # [B, T] whole path matches
-    depths = jnp.sum(mask, axis=-1).astype(jnp.int32) - 1                            # [B, T]
-    best = jnp.argmax(jnp.where(good, depths, -1), axis=1).astype(jnp.int32)        # [B]
-    n = jnp.take_along_axis(depths, best[:, None], axis=1)[:, 0]
-    next_token = jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]
-    return path_to_node(parents, best, max_depth), n, next_token
+    path, n, best = _deepest_accepted(tree_tokens, parents, tree_tokens == wanted, max_depth)
+    return path, n, jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LOSSY: Medusa's typical acceptance (Cai et al. 2024, Sec. 2.3.1). Opt-in via
+# SpecConfig(acceptance_method="typical_lossy"); the output is NOT distributed as the target's.
+# ---------------------------------------------------------------------------------------------------------------
+
+def typical_threshold(p: jax.Array, posterior_threshold: float, posterior_alpha: float) -> jax.Array:
+    """p [..., V] -> [...]: min(epsilon, delta * exp(-H(p))), the probability a draft token must exceed."""
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+    return jnp.minimum(posterior_threshold, posterior_alpha * jnp.exp(-entropy))
+
+
+def chain_typical_lossy(keys: jax.Array, draft_tokens: jax.Array, target_probs: jax.Array,
+                        posterior_threshold: float, posterior_alpha: float) -> tuple[jax.Array, jax.Array]:
+    """LOSSY. keys [B], draft_tokens [B, k], target_probs [B, k+1, V] -> (num_accepted, next_token): accept the
+    longest prefix whose every token has target probability above the typical threshold, then sample the next
+    token from the target's distribution there."""
+    k = draft_tokens.shape[1]
+    p_d = jnp.take_along_axis(target_probs[:, :k], draft_tokens[..., None], axis=-1)[..., 0]   # [B, k]
+    n = leading_true(p_d > typical_threshold(target_probs[:, :k], posterior_threshold, posterior_alpha))
+    p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]                  # [B, V]
+    return n, jax.vmap(lambda key, p: jax.random.categorical(key, jnp.log(p)))(keys, p_next).astype(jnp.int32)
+
+
+def tree_typical_lossy(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | TreeSpec,
+                       target_probs: jax.Array, posterior_threshold: float, posterior_alpha: float,
+                       max_depth: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """LOSSY. The tree form of chain_typical_lossy (what the Medusa repository runs on its candidate paths):
+    the deepest node whose every token passes the typical test at its parent, then a sample from the target's
+    distribution after it. Returns what tree_greedy returns."""
+    B, T = tree_tokens.shape
+    parents, max_depth = _tree_parents(parents, B, T, max_depth)
+    at_parent = jnp.take_along_axis(target_probs, jnp.maximum(parents, 0)[..., None], axis=1)     # [B, T, V]
+    p_tok = jnp.take_along_axis(at_parent, tree_tokens[..., None], axis=-1)[..., 0]              # [B, T]
+    ok = p_tok > typical_threshold(at_parent, posterior_threshold, posterior_alpha)
+    path, n, best = _deepest_accepted(tree_tokens, parents, ok, max_depth)
+    p_next = jnp.take_along_axis(target_probs, best[:, None, None], axis=1)[:, 0]
+    nxt = jax.vmap(lambda key, p: jax.random.categorical(key, jnp.log(p)))(keys, p_next).astype(jnp.int32)
+    return path, n, nxt
 
 
 def tree_sampled(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | TreeSpec,

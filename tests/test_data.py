@@ -79,3 +79,21 @@ def test_prepare_corpus_small(tmp_path):
     assert data.token_byte_lengths(c.tokenizer)[ids].sum() == len(text.encode())
     again = data.prepare_corpus(str(tmp_path), vocab_size=300, max_files=12, verbose=False)   # cache hit
     np.testing.assert_array_equal(np.asarray(again.train), np.asarray(c.train))
+
+
+def test_row_batches_and_token_arrays(tmp_path):
+    rows = np.arange(10 * 9, dtype=np.uint16).reshape(10, 9)          # 10 samples of seq_len 8 (+1)
+    b = data.RowBatches(rows, batch_size=4, seed=1)
+    x = b.batch(3)
+    assert x.shape == (4, 9) and x.dtype == np.int32
+    np.testing.assert_array_equal(x, data.RowBatches(rows, 4, seed=1).batch(3))   # pure function of (seed, step)
+    # Steps 0..4 cover 20 samples = 2 epochs: every row exactly twice.
+    seen = np.concatenate([b.batch(s)[:, 0] for s in range(5)]) // 9
+    assert sorted(seen.tolist()) == sorted(list(range(10)) * 2)
+    assert b.epochs(5) == 2.0
+    np.save(tmp_path / "rows.npy", rows)
+    np.save(tmp_path / "stream.npy", np.arange(1000, dtype=np.uint16))
+    assert isinstance(data.token_array_batches(str(tmp_path / "rows.npy"), 8, 4, 0), data.RowBatches)
+    assert isinstance(data.token_array_batches(str(tmp_path / "stream.npy"), 8, 4, 0), data.PackedBatches)
+    with pytest.raises(ValueError, match="seq_len"):
+        data.token_array_batches(str(tmp_path / "rows.npy"), 16, 4, 0)

@@ -1,17 +1,13 @@
-"""Sampling: the transform, the chain speculative-sampling rule, and end-to-end distribution tests that can fail."""
-import itertools
-
+"""Sampling: the transform and the chain speculative-sampling rule (end-to-end distribution tests for every drafter:
+tests/test_conformance.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats as scistats
 
-import specjax
 from specjax import SamplingParams, SpecConfig
 from specjax import verify
 from specjax.sampling import probabilities
-from conftest import tiny_model
 
 
 def test_transform_greedy_topk_topp():
@@ -51,81 +47,5 @@ def test_seed_three_token_example():
     assert abs(np.mean(acc) - 0.70) < 0.002
 
 
-# ---- end to end: the joint distribution of the first three generated tokens -----------------------------------
-
-V = 8
-SP = dict(temperature=0.8, top_k=6, top_p=0.9)
-PROMPT = [1, 2, 3]
-N = 40_000
-
-
-@pytest.fixture(scope="module")
-def models():
-    return tiny_model(3, vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, std=0.6), \
-        tiny_model(4, vocab=V, hidden=16, layers=1, heads=2, kv_heads=1, std=0.6)
-
-
-def exact_joint(model) -> np.ndarray:
-    """P(t1, t2, t3 | prompt) [V, V, V] by enumeration, through the same sampling transform."""
-    sp = SamplingParams(**SP)
-    seqs = np.array([PROMPT + [a, b] for a, b in itertools.product(range(V), repeat=2)], np.int32)
-    probs = np.asarray(probabilities(model.logits(seqs), sp))               # [V*V, 5, V]
-    p1 = probs[0, len(PROMPT) - 1]                                            # [V]
-    p2 = probs[::V, len(PROMPT)]                                              # [t1, V]
-    p3 = probs[:, len(PROMPT) + 1].reshape(V, V, V)                         # [t1, t2, V]
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def sample_joint(model, config, drafter=None, seed=0) -> np.ndarray:
-    res = specjax.generate(model, [PROMPT] * N, config, drafter=drafter, seed=seed)
-    t = np.array(res.tokens)
-    return np.bincount(t[:, 0] * V * V + t[:, 1] * V + t[:, 2], minlength=V ** 3)
-
-
-def gof_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square goodness of fit; cells with expected count < 5 are pooled into one."""
-    expected = probs.ravel() * counts.sum()
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return scistats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-
-
-@pytest.mark.parametrize("method,k", [("none", None), ("draft_model", 2), ("ngram", 2)])
-def test_sampled_distribution_matches_target(models, method, k):
-    target, draft = models
-    exact = exact_joint(target)
-    cfg = SpecConfig(method=method, num_speculative_tokens=k, max_new_tokens=3,
-                     prompt_lookup_min=1 if method == "ngram" else None, **SP)
-    counts = sample_joint(target, cfg, drafter=draft if method == "draft_model" else None, seed=11)
-    assert gof_pvalue(counts, exact) > 1e-3
-
-
-def test_planted_bug_is_caught(models, monkeypatch):
-    """Resampling from p instead of norm(max(0, p - q)) after a rejection biases the output toward the drafter:
-    the same test must fail."""
-    target, draft = models
-    exact = exact_joint(target)
-    jax.clear_caches()
-    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    try:
-        cfg = SpecConfig(method="draft_model", num_speculative_tokens=2, max_new_tokens=3, **SP)
-        counts = sample_joint(target, cfg, drafter=draft, seed=11)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
-    assert gof_pvalue(counts, exact) < 1e-6
-
-
-def test_batch_mates_do_not_change_a_request(target):
-    """A request's sampled output depends only on (seed, request_id), not on what else is in the batch."""
-    from conftest import ragged_prompts, perturbed
-    prompts = ragged_prompts(5, seed=9)
-    for cfg, d in [(SpecConfig(temperature=0.9, top_p=0.95, max_new_tokens=16), None),
-                   (SpecConfig(method="draft_model", num_speculative_tokens=3, temperature=0.9, max_new_tokens=16),
-                    perturbed(target, 0.05))]:
-        batched = specjax.generate(target, prompts, cfg, drafter=d, seed=5).tokens
-        alone = [specjax.generate(target, [p], cfg, drafter=d, seed=5, request_ids=[i]).tokens[0]
-                 for i, p in enumerate(prompts)]
-        assert batched == alone
+# End to end (the joint distribution of the first three generated tokens against the exact one, with a planted
+# bug that must fail it; batch mates) for every drafter: tests/test_conformance.py.

@@ -12,20 +12,20 @@ import jax
 import numpy as np
 
 from specjax.models.llama import init_params
-from train import common, data, loop
+from train import data, losses, loop, skeleton
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny_setup():
-    cfg = common.lm_config(vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
-                           max_len=64, eos_id=0)
+    cfg = skeleton.lm_config(vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
+                             max_len=64, eos_id=0)
     rng = np.random.default_rng(0)
     tokens = (np.cumsum(rng.integers(1, 3, 5000)) % 64).astype(np.uint16)    # learnable, not constant
     batches = data.PackedBatches(tokens, seq_len=16, batch_size=4, seed=0)
 
     def loss_fn(params, batch, rng):
-        nll, _ = common.token_nll(params, cfg, batch)
+        nll, _ = losses.next_token_nll(params, cfg, batch)
         return nll.mean(), {}
     return cfg, batches, loss_fn
 
@@ -105,13 +105,12 @@ def test_sigkill_then_resume(tmp_path):
 
 
 def test_distill_loss_is_zero_kl_against_itself():
-    from train.common import distill_loss_fn
     cfg, batches, _ = _tiny_setup()
     params = init_params(cfg, jax.random.PRNGKey(0))
     batch = batches.batch(0)
-    _, m = distill_loss_fn(cfg, params, cfg, ce_weight=0.0, temperature=1.0)(params, batch, None)
+    _, m = losses.distill_loss_fn(cfg, cfg, ce_weight=0.0, temperature=1.0)(params, batch, None, params)
     assert abs(float(m["kl"])) < 1e-5 and float(m["top1_agree"]) == 1.0
     other = init_params(cfg, jax.random.PRNGKey(1))
-    loss, m2 = distill_loss_fn(cfg, params, cfg, ce_weight=0.5, temperature=1.0)(other, batch, None)
+    loss, m2 = losses.distill_loss_fn(cfg, cfg, ce_weight=0.5, temperature=1.0)(other, batch, None, params)
     assert float(m2["kl"]) > 0
     np.testing.assert_allclose(float(loss), 0.5 * float(m2["kl"]) + 0.5 * float(m2["ce"]), rtol=1e-5)

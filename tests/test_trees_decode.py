@@ -8,14 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import specjax
 import specjax.verify as verify
 from specjax import SamplingParams, SpecConfig
-from specjax.sampling import probabilities
 from specjax.trees import MEDUSA_63, TreeSpec, full_tree_choices
 from conftest import BASELINE_MAX_NEW, ragged_prompts
+from _stats import exact_joint, gof_pvalue, joint_counts
 
 MAX_NEW = BASELINE_MAX_NEW
 CHAIN = [(0,), (0, 0), (0, 0, 0)]
@@ -189,27 +188,12 @@ def _sample_tree(tokens, one_hot: bool, n: int, seed: int = 0) -> Counter:
     return Counter(tuple(int(tokens[i]) for i in path[r, 1:num[r] + 1]) + (int(nxt[r]),) for r in range(n))
 
 
-def _gof_pvalue(counts: Counter, expected: dict, n: int) -> float:
-    """Chi-square goodness of fit; cells with expected count < 5 are pooled. An impossible outcome gives 0."""
-    assert sum(counts.values()) == n
-    if not set(counts) <= {s for s, pr in expected.items() if pr > 0}:
-        return 0.0
-    big = [s for s, pr in expected.items() if pr * n >= 5]
-    obs = [counts.get(s, 0) for s in big]
-    exp = [expected[s] * n for s in big]
-    if n - sum(exp) > 1e-6:
-        obs.append(n - sum(obs))
-        exp.append(n - sum(exp))
-    exp = np.asarray(exp) * (n / np.sum(exp))                    # float rounding: scipy wants equal sums
-    return stats.chisquare(obs, exp).pvalue
-
-
 @pytest.mark.parametrize("one_hot", [True, False])
 def test_tree_sampled_implements_the_rule(one_hot):
     """The JAX implementation emits each sequence with the enumerated probability (fixed drafts, both cases)."""
     tokens = np.array([0, 1, 2, 3, 0])               # root's kids 1, 2; node 1's kids 3, 0
     n = 40_000
-    p = _gof_pvalue(_sample_tree(tokens, one_hot, n), rule_output(tokens, one_hot), n)
+    p = gof_pvalue(_sample_tree(tokens, one_hot, n), rule_output(tokens, one_hot))
     assert p > 1e-4, p
 
 
@@ -237,33 +221,21 @@ PROMPT = [5, 17, 33, 5, 17, 40]
 N_SAMPLES = 1500
 
 
-def _exact_three_tokens(target) -> dict:
-    """The target's exact distribution of its first 3 sampled tokens after PROMPT, from one causal forward over
-    PROMPT + every (a, b): positions -3, -2, -1 give the distributions of tokens 1, 2, 3."""
-    vocab = target.config.vocab_size
-    ab = np.array(list(itertools.product(range(vocab), repeat=2)))                  # [V*V, 2]
-    seqs = np.concatenate([np.tile(PROMPT, (len(ab), 1)), ab], axis=1)
-    probs = np.asarray(probabilities(target.logits(seqs)[:, -3:], SP), np.float64)  # [V*V, 3, V]
-    p1, p2, p3 = probs[0, 0], probs[::vocab, 1], probs[:, 2].reshape(vocab, vocab, vocab)
-    joint = p1[:, None, None] * p2[:, :, None] * p3                                 # [V, V, V]
-    return {tuple(map(int, i)): float(joint[tuple(i)]) for i in np.argwhere(joint > 0)}
-
-
-def _tree_sample_counts(target, draft) -> Counter:
+def _tree_sample_counts(target, draft) -> np.ndarray:
     cfg = SpecConfig(method="draft_model", num_steps=2, topk=3, num_draft_tokens=5, max_new_tokens=3,
                      temperature=SP.temperature, top_k=SP.top_k, top_p=SP.top_p)
     res = specjax.generate(target, [PROMPT] * N_SAMPLES, cfg, drafter=draft, seed=11)
     assert res.stats["accepted"] > 0 and res.stats["rejected"] > 0
-    return Counter(tuple(t) for t in res.tokens)
+    return joint_counts(res.tokens, target.config.vocab_size)
 
 
 @pytest.fixture(scope="module")
 def exact_three(target):
-    return _exact_three_tokens(target)
+    return exact_joint(target, PROMPT, SP)
 
 
 def test_tree_sampling_matches_target(target, near_draft, exact_three):
-    p = _gof_pvalue(_tree_sample_counts(target, near_draft), exact_three, N_SAMPLES)
+    p = gof_pvalue(_tree_sample_counts(target, near_draft), exact_three)
     print("tree sampling p-value", p)
     assert p > 1e-4, p
 
@@ -273,7 +245,7 @@ def test_planted_bug_fails_the_sampling_test(target, near_draft, exact_three, mo
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
     jax.clear_caches()                                # the compiled decode loop must be re-traced with the bug
     try:
-        p = _gof_pvalue(_tree_sample_counts(target, near_draft), exact_three, N_SAMPLES)
+        p = gof_pvalue(_tree_sample_counts(target, near_draft), exact_three)
     finally:
         monkeypatch.undo()
         jax.clear_caches()
@@ -304,7 +276,7 @@ def test_malformed_tree_config(kw, match):
 
 
 def test_tree_config_errors(target, near_draft):
-    with pytest.raises(ValueError, match="token trees are supported"):
+    with pytest.raises(ValueError, match="cannot draft token trees"):
         SpecConfig(method="ngram", tree_choices=CHAIN)
     cfg = SpecConfig(method="draft_model", tree_choices=WIDE)
     assert cfg.k == 6 and cfg.tree.num_nodes == 7 and hash(cfg) == hash(SpecConfig(method="draft_model",

@@ -272,6 +272,53 @@ class PackedBatches:
         return steps * self.batch_size / self.num_windows
 
 
+class RowBatches:
+    """Batches of whole rows of a [N, seq_len + 1] token array (e.g. a cached self-distillation set: the target's
+    own generations, one sample per row). Sample k of the run (k = step * batch + row) is row perm_e[k mod N] of
+    epoch e = k div N, perm_e drawn from (seed, e): like PackedBatches, a pure function of (seed, step)."""
+
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int):
+        if rows.ndim != 2 or len(rows) < batch_size:
+            raise ValueError(f"need a [N >= {batch_size}, seq_len + 1] token array, got shape {rows.shape}")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.seq_len = rows.shape[1] - 1
+        self._perm: dict[int, np.ndarray] = {}
+
+    def batch(self, step: int) -> np.ndarray:
+        """int32 [batch, seq_len + 1]."""
+        n = len(self.rows)
+        idx = []
+        for k in range(step * self.batch_size, (step + 1) * self.batch_size):
+            e = k // n
+            if e not in self._perm:
+                self._perm = {e: np.random.default_rng([self.seed, e]).permutation(n)}
+            idx.append(int(self._perm[e][k % n]))
+        return np.asarray(self.rows[idx], np.int32)
+
+    def epochs(self, steps: int) -> float:
+        return steps * self.batch_size / len(self.rows)
+
+
+def token_array_batches(path: str, seq_len: int, batch_size: int, seed: int) -> PackedBatches | RowBatches:
+    """Batches from a .npy token array (memory-mapped): a 1-D stream is cut into packed windows, a 2-D
+    [N, seq_len + 1] array is used row by row."""
+    tokens = np.load(path, mmap_mode="r")
+    if tokens.ndim == 1:
+        return PackedBatches(tokens, seq_len, batch_size, seed)
+    if tokens.ndim == 2 and tokens.shape[1] == seq_len + 1:
+        return RowBatches(tokens, batch_size, seed)
+    raise ValueError(f"{path}: expected a 1-D token stream or [N, seq_len + 1 = {seq_len + 1}] rows, got shape "
+                     f"{tokens.shape}")
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int,
                  max_tokens: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Sequential non-overlapping windows covering the stream once (every token after the first is scored

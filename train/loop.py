@@ -3,13 +3,21 @@
 A recipe supplies initial params, `loss_fn(params, batch, rng) -> (loss, metrics)` and `batch_fn(step) -> batch`
 (a pure function of the step, so resuming replays the same data order). The loop owns the optimizer
 (AdamW, linear warmup + cosine decay, global-norm clipping), the jitted step, orbax checkpoints of
-(params, opt_state, step, elapsed wall time), logging, and a wall-clock budget.
+(params, opt_state, step, elapsed wall time), logging, and a wall-clock budget. A frozen pytree the loss reads
+but never trains (a target model's params) goes in `frozen=` and reaches the loss as its 4th argument.
+
+Under a ("data", "model") mesh (TrainConfig.mesh, from specjax.sharding.make_mesh) the same code runs tensor- and
+data-parallel: params (trainable and frozen) are placed by a spec function (default_specs: Llama params split over
+"model" as for decoding, anything else replicated), the optimizer state follows its params, every batch leaf is
+split over "data" along its leading dim, and the step is traced under jax.set_mesh so XLA's sharding propagation
+places the rest. Checkpoints save and restore the sharded arrays in place.
 
 Determinism: the per-step PRNG key is fold_in(seed, step) and the batch is batch_fn(step), so a run resumed from
 step s computes exactly the updates the uninterrupted run computes from s; tests/test_train_resume.py checks it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,8 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-LossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]]
+from specjax import sharding
+
+# (params, batch, rng) -> (loss, metrics); with train(frozen=...): (params, batch, rng, frozen) -> (loss, metrics)
+LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
 @dataclasses.dataclass
@@ -44,6 +56,7 @@ class TrainConfig:
     time_budget_s: float | None = None   # stop cleanly (and checkpoint) once this much wall time is spent
     tokens_per_step: int = 0             # for tokens/s and tokens-seen bookkeeping
     stop_at: int | None = None           # stop early at this step (the schedule still spans `steps`)
+    mesh: Mesh | None = None             # ("data", "model") mesh: see the module docstring; None: one device
 
 
 @dataclasses.dataclass
@@ -66,6 +79,36 @@ def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, opta
                       optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
                                   mask=decay_mask))
     return opt, schedule
+
+
+SpecFn = Callable[[Any, Mesh], Any]
+
+
+def default_specs(tree: Any, mesh: Mesh) -> Any:
+    """PartitionSpecs for a params pytree: a Llama (target or draft model) gets specjax.sharding.param_specs
+    (split over "model"; dims the axis does not divide stay replicated), anything else (head weights) is
+    replicated. A recipe whose heads are large passes its own spec function."""
+    if isinstance(tree, dict) and "layers" in tree and "embed" in tree:
+        return sharding.param_specs(None, tree, mesh)
+    return jax.tree.map(lambda _: P(), tree)
+
+
+def place(tree: Any, mesh: Mesh, spec_fn: SpecFn = default_specs) -> Any:
+    """Every leaf of `tree` on `mesh` with its spec (no copy for leaves already there)."""
+    return jax.tree.map(lambda x, s: sharding.put(x, NamedSharding(mesh, s)), tree, spec_fn(tree, mesh))
+
+
+def shard_batch(batch: Any, mesh: Mesh) -> Any:
+    """Every batch leaf split over "data" along its leading (batch) dim."""
+    return jax.tree.map(lambda x: sharding.shard_rows(x, mesh), batch)
+
+
+def _on_mesh(tree: Any, mesh: Mesh) -> Any:
+    # opt.init's zeros_like keeps each param's sharding; its step counters land on one device, which a jitted
+    # step over the whole mesh refuses, so they are replicated.
+    rep = NamedSharding(mesh, P())
+    return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+                        else sharding.put(x, rep), tree)
 
 
 def _manager(cfg: TrainConfig) -> ocp.CheckpointManager | None:
@@ -93,12 +136,27 @@ def latest_params(ckpt_dir: str, like: Any) -> tuple[Any, int, dict]:
 
 def train(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: TrainConfig,
           eval_fn: Callable[[Any, int], dict] | None = None, eval_every: int = 0,
-          log: Callable[[str], None] = print) -> TrainResult:
+          log: Callable[[str], None] = print, frozen: Any = None,
+          spec_fn: SpecFn = default_specs) -> TrainResult:
     """Run (or resume) training to cfg.steps. eval_fn(params, step) -> metrics is called every eval_every
-    steps and logged with them."""
+    steps and logged with them. frozen: passed to loss_fn as loss_fn(params, batch, rng, frozen), never
+    trained or checkpointed. spec_fn(params, mesh) -> PartitionSpecs for the trainable params under cfg.mesh
+    (the frozen tree always gets default_specs)."""
+    mesh = cfg.mesh
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn)
+
+
+def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn) -> TrainResult:
     t_call = time.time()
+    mesh = cfg.mesh
     opt, schedule = make_optimizer(cfg)
+    if mesh is not None:
+        params = place(params, mesh, spec_fn)
+        frozen = place(frozen, mesh) if frozen is not None else None
     opt_state = opt.init(params)
+    if mesh is not None:
+        opt_state = _on_mesh(opt_state, mesh)
     step, elapsed_before = 0, 0.0
     mngr = _manager(cfg)
     if mngr is not None and mngr.latest_step() is not None:
@@ -125,14 +183,21 @@ def train(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: Tra
 
     base_key = jax.random.PRNGKey(cfg.seed)
 
-    @jax.jit
-    def train_step(params, opt_state, batch, step):
+    def train_step(params, opt_state, batch, step, frozen):
         rng = jax.random.fold_in(base_key, step)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
+        extra = () if frozen is None else (frozen,)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *extra)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         return params, opt_state, loss, metrics
+
+    if mesh is None:
+        train_step = jax.jit(train_step)
+    else:   # pin params and optimizer state to their layout, so every step (and checkpoint) sees the same one
+        shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+        rep = NamedSharding(mesh, P())
+        train_step = jax.jit(train_step, out_shardings=(shardings(params), shardings(opt_state), rep, rep))
 
     metrics_file = open(cfg.metrics_path, "a") if cfg.metrics_path else None
     losses: list[float] = []
@@ -142,8 +207,8 @@ def train(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: Tra
     stopped_by_budget = False
     try:
         while step < stop_at:
-            batch = batch_fn(step)
-            params, opt_state, loss, metrics = train_step(params, opt_state, batch, jnp.int32(step))
+            batch = batch_fn(step) if mesh is None else shard_batch(batch_fn(step), mesh)
+            params, opt_state, loss, metrics = train_step(params, opt_state, batch, jnp.int32(step), frozen)
             loss = float(loss)                       # syncs; also surfaces NaN at the step it appears
             losses.append(loss)
             step += 1

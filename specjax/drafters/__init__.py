@@ -1,6 +1,6 @@
-from specjax.drafters.base import Context, Draft, Drafter, NullDrafter
-from specjax.drafters.draft_model import DraftModelDrafter
-from specjax.drafters.ngram import NgramDrafter
-from specjax.drafters.predicted import PredictedDrafter
+"""Drafters: one module per method, each registering itself with specjax.drafters.registry."""
+from specjax.drafters.base import Context, Draft, Drafter, NullDrafter, Verified
+from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
 
-__all__ = ["Context", "Draft", "Drafter", "NullDrafter", "DraftModelDrafter", "NgramDrafter", "PredictedDrafter"]
+__all__ = ["BuildRequest", "Context", "Draft", "Drafter", "DrafterSpec", "NullDrafter", "Option", "Verified",
+           "register"]

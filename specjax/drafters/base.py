@@ -3,6 +3,15 @@
 A drafter is a hashable, array-free object (it is a static argument of the compiled loop); its arrays travel
 separately as `params` (weights, predictions, ...), so one compiled program serves any weights of the same shape.
 All methods are pure functions over pytrees and run inside jit / lax.while_loop.
+
+Target exposure: a drafter declares, as static attributes, what it reads of the target:
+  target_layers: tuple of decoder-layer indices whose outputs (the residual stream after that layer, before the
+    final norm) the loop requests from every target forward (prefill and verify) and hands to init/commit in
+    `target_out.layer_hidden`, in the declared order. The final normed hidden state is always there
+    (`target_out.hidden`). Default (): nothing extra is computed.
+  target_weights: names among TARGET_WEIGHTS the drafter reads (e.g. the embedding and LM head for heads that
+    share them); they arrive in `ctx.target_weights`. Default (): an empty dict.
+How a drafter is built from a config and what it is registered under: specjax.drafters.registry.
 """
 from __future__ import annotations
 
@@ -11,9 +20,15 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import ForwardOut
 from specjax.sampling import SamplingParams
 from specjax.trees import Tree
+
+
+# Target weights a drafter may declare in `target_weights`: the token embedding [V, H], the LM head [H, V] (the
+# transposed embedding when tied) and the final norm [H].
+TARGET_WEIGHTS = ("embed", "lm_head", "final_norm")
 
 
 class Context(NamedTuple):
@@ -21,6 +36,16 @@ class Context(NamedTuple):
     tokens: jax.Array          # [B, L] prompt + generated tokens; entries at or past `length` are stale
     length: jax.Array          # [B] committed tokens; the last one (length - 1) is not yet in the target cache
     prompt_length: jax.Array   # [B]
+    target_weights: Any = None   # {name: array} for the drafter's declared target_weights
+
+
+class Verified(NamedTuple):
+    """The whole verify pass, for drafters that learn from more than the accepted path (lookahead decoding
+    collects n-grams from every verified position). T = k + 1 (a chain: the last committed token, then the
+    drafts) or the tree's nodes."""
+    tokens: jax.Array             # [B, T] the tokens fed to the target
+    parents: jax.Array | None     # [B, T] tree parents (root -1), None for a chain
+    out: ForwardOut               # the target's output at every verified position (logits [B, T, V], ...)
 
 
 class Draft(NamedTuple):
@@ -41,7 +66,7 @@ class Drafter(Protocol):
                 sp: SamplingParams) -> tuple[Draft, Any]: ...
 
     def commit(self, params: Any, state: Any, ctx: Context, num_accepted: jax.Array,
-               target_out: ForwardOut) -> Any: ...
+               target_out: ForwardOut, verified: Verified) -> Any: ...
 
 
 class NullDrafter:
@@ -61,8 +86,26 @@ class NullDrafter:
         B = ctx.tokens.shape[0]
         return Draft(jnp.zeros((B, 0), jnp.int32)), state
 
-    def commit(self, params, state, ctx, num_accepted, target_out):
+    def commit(self, params, state, ctx, num_accepted, target_out, verified):
         return state
+
+
+def target_weight(target_params: dict, name: str) -> jax.Array:
+    """One of TARGET_WEIGHTS from a Llama params pytree."""
+    if name == "lm_head":
+        return target_params["lm_head"] if "lm_head" in target_params else target_params["embed"].T
+    if name in ("embed", "final_norm"):
+        return target_params[name]
+    raise ValueError(f"unknown target weight {name!r}; a drafter may read {TARGET_WEIGHTS}")
+
+
+def _build_null(req: BuildRequest):
+    if req.drafter is not None:
+        raise ValueError("method='none' (plain decoding) takes no drafter")
+    return NullDrafter(), ()
+
+
+register(DrafterSpec("none", _build_null, speculates=False))
 
 
 def last_tokens(ctx: Context, n: int) -> jax.Array:

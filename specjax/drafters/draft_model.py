@@ -5,15 +5,16 @@ that (rolling back rejected drafts) and feeds the last committed token. After a 
 draft token was never fed, so that proposal rewinds one more entry and feeds the last TWO tokens instead (the
 catch-up; re-writing an entry with identical contents). Which case applies follows from the cache length alone.
 
-Trees (SpecInfer-style; static TreeSpec, or a dynamic EAGLE-2 tree when num_steps > 0): children are the
-drafter's top-k tokens (deterministic, in greedy and sampled mode alike: verify.tree_sampled case (a), exact for
-any tree shape, including one pruned by draft scores). Each depth re-runs the draft model over the partial tree
-(tree mask, nothing committed to its cache); simple, and the draft model is small. The catch-up feeds the last
+Trees (SpecInfer-style; static TreeSpec, or a dynamic EAGLE-2 tree when num_steps > 0), searched by
+specjax.tree_search: children are the drafter's top-k tokens (deterministic, in greedy and sampled mode alike,
+exact for any tree shape, including one pruned by draft scores). Each depth re-runs the draft model over the
+partial tree (tree mask, nothing committed to its cache); simple, and the draft model is small. The catch-up feeds the last
 max_depth + 1 committed tokens, since a tree step never fed the accepted path in sequence order.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +22,13 @@ import numpy as np
 from jax import lax
 
 from specjax.cache import KVCache
+from specjax import tree_search
 from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.config import ModelConfig
 from specjax.models.llama import forward
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.trees import Tree, TreeSpec, build_dynamic_tree, expand_frontier, mask_from_parents, tree_from_spec
+from specjax.trees import TreeSpec, mask_from_parents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +103,24 @@ class DraftModelDrafter:
     def _propose_tree(self, params, cache: KVCache, ctx: Context) -> tuple[Draft, KVCache]:
         cache, root_logits = self._catch_up(params, cache, ctx, self.tree_depth + 1)
         root = last_tokens(ctx, 1)[:, 0]
+        B = root.shape[0]
+        # The search's state: every node fed so far (tokens, in-block parents, depths); each call re-runs the
+        # draft model over the whole partial tree with its mask, nothing is written to the committed cache.
+        block = (jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32), np.zeros(0, np.int32))
+
+        def node_logits(block, tokens, parents, depths):
+            toks, pars, deps = block
+            toks, pars = jnp.concatenate([toks, tokens], 1), jnp.concatenate([pars, parents], 1)
+            deps = np.concatenate([deps, depths])
+            out = forward(params, self.config, toks, cache, depths=deps - 1, mask=mask_from_parents(pars),
+                          implementation=self.implementation)
+            return out.logits[:, -tokens.shape[1]:], (toks, pars, deps)
+
         if self.tree is not None:
-            tree = self._static_tree(params, cache, root, root_logits)
+            tree, _ = tree_search.static_tree(self.tree, root, root_logits, node_logits, block)
         else:
-            tree = self._dynamic_tree(params, cache, root, root_logits)
+            tree, _ = tree_search.dynamic_tree(root, root_logits, node_logits, self.num_steps, self.topk,
+                                               self.num_tokens + 1, block)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 
     def _catch_up(self, params, cache: KVCache, ctx: Context, width: int) -> tuple[KVCache, jax.Array]:
@@ -116,51 +133,49 @@ class DraftModelDrafter:
         root_at = (ctx.length - 1 - start)[:, None, None]
         return out.cache.replace(lengths=ctx.length), jnp.take_along_axis(out.logits, root_at, axis=1)[:, 0]
 
-    def _tree_logits(self, params, cache: KVCache, tokens, parents, depths) -> jax.Array:
-        """Draft logits [B, N, V] after each of N tree nodes (tokens [B, N]; parents within the block, -1 = the
-        root, which is in the cache; depths [N] / [B, N] from 0 = children of the root). Cache untouched."""
-        out = forward(params, self.config, tokens, cache, depths=depths, mask=mask_from_parents(parents),
-                      implementation=self.implementation)
-        return out.logits
-
-    def _static_tree(self, params, cache: KVCache, root, root_logits) -> Tree:
-        spec = self.tree
-        B = root.shape[0]
-        ends = np.searchsorted(spec.depths, np.arange(spec.max_depth + 1), side="right")   # nodes of depth <= d
-        tokens = jnp.zeros((B, spec.num_nodes), jnp.int32).at[:, 0].set(root)
-        logits = root_logits[:, None]                                               # [B, 1, V] after node 0
-        for d in range(1, spec.max_depth + 1):            # breadth-first order: depth d is ends[d-1]:ends[d]
-            if d > 1:                                     # logits after every node of depth < d
-                n = ends[d - 1]
-                blk = self._tree_logits(params, cache, tokens[:, 1:n], spec.parents[1:n] - 1, spec.depths[1:n] - 1)
-                logits = jnp.concatenate([root_logits[:, None], blk], axis=1)      # [B, n, V]
-            top = lax.top_k(logits, spec.topk)[1].astype(jnp.int32)                # [B, n, K]
-            nodes = np.arange(ends[d - 1], ends[d])
-            tokens = tokens.at[:, nodes].set(top[:, spec.parents[nodes], spec.ranks[nodes]])
-        return tree_from_spec(spec, tokens)
-
-    def _dynamic_tree(self, params, cache: KVCache, root, root_logits) -> Tree:
-        """EAGLE-2: keep a frontier of the topk best nodes by cumulative draft log-prob; each frontier node
-        proposes its topk children; build_dynamic_tree keeps the num_tokens best candidates overall."""
-        B, W = root.shape[0], self.topk
-        logp, tok = lax.top_k(jax.nn.log_softmax(root_logits), W)                  # [B, K] children of the root
-        cand_tok, cand_logp = [jnp.broadcast_to(tok[:, None], (B, W, W))], [jnp.broadcast_to(logp[:, None], (B, W, W))]
-        frontier_parent = [jnp.zeros((B, W), jnp.int32)]                           # unused at depth 0
-        start = jnp.where(jnp.arange(W) == 0, 0.0, -jnp.inf)                       # the root sits in slot 0
-        _, nxt, scores = expand_frontier(jnp.broadcast_to(start, (B, W)), cand_logp[0], W)
-        blk_tok, blk_par = [], []                         # frontier nodes so far, depth-major; parents in-block
-        for d in range(1, self.num_steps):
-            blk_tok.append(jnp.take_along_axis(cand_tok[-1].reshape(B, W * W), nxt, axis=1))    # [B, W]
-            blk_par.append(jnp.full((B, W), -1, jnp.int32) if d == 1 else (d - 2) * W + nxt // W)
-            frontier_parent.append(nxt)
-            logits = self._tree_logits(params, cache, jnp.concatenate(blk_tok, 1), jnp.concatenate(blk_par, 1),
-                                       np.repeat(np.arange(d, dtype=np.int32), W))[:, -W:]          # [B, W, V]
-            logp, tok = lax.top_k(jax.nn.log_softmax(logits), W)                    # [B, W, K]
-            cand_tok.append(tok)
-            cand_logp.append(logp)
-            _, nxt, scores = expand_frontier(scores, logp, W)
-        return build_dynamic_tree(root, jnp.stack(cand_tok, 1).astype(jnp.int32), jnp.stack(cand_logp, 1),
-                                  jnp.stack(frontier_parent, 1), self.num_tokens + 1)
-
-    def commit(self, params, cache, ctx, num_accepted, target_out):
+    def commit(self, params, cache, ctx, num_accepted, target_out, verified):
         return cache
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage)."""
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} has vocab_size "
+                         f"{draft.config.vocab_size}, target {target.name!r} has {target.config.vocab_size}")
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+            raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} and target {target.name!r} have "
+                             "the same vocab_size but different tokenizers (token ids map to different strings)")
+
+
+def _load(target, path_or_name) -> "Model":
+    from specjax.api import load_model
+    return load_model(os.fspath(path_or_name))                  # a directory or a shipped model's name
+
+
+def _build(req: BuildRequest):
+    from specjax.api import Model
+    config, draft = req.config, req.drafter
+    if isinstance(draft, (str, os.PathLike)):
+        draft = _load(req.target, draft)
+    if not isinstance(draft, Model):
+        raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model, a model directory or a "
+                        f"shipped model name>, got {type(draft).__name__}")
+    check_same_vocabulary(req.target, draft)
+    steps, topk = (config.num_steps or 0), (config.topk or 0)        # 0: chain or static tree
+    width = config.tree.topk if config.tree is not None else topk
+    if width > req.target.config.vocab_size:
+        raise ValueError(f"the tree asks for the top-{width} draft tokens per node but the vocabulary has only "
+                         f"{req.target.config.vocab_size}")
+    extra = DraftModelDrafter.extra_cache_slots(config.k, steps, topk)
+    return DraftModelDrafter(config.k, draft.config, req.buffer_len + extra, config.implementation, config.tree,
+                             steps, topk), draft.params
+
+
+def _param_specs(drafter: DraftModelDrafter, params, mesh):
+    from specjax.sharding import param_specs
+    return param_specs(drafter.config, params, mesh)       # a Llama: the target's layout; undividable dims replicated
+
+
+register(DrafterSpec("draft_model", _build, accepts="a specjax Model, a model directory or a shipped model name",
+                     load=_load, trees=True, param_specs=_param_specs))

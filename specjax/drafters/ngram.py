@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 
 
 def match_ends(source: jax.Array, source_len: jax.Array, query: jax.Array) -> jax.Array:
@@ -57,5 +58,15 @@ class NgramDrafter:
             found |= f
         return Draft(proposal.astype(jnp.int32)), state
 
-    def commit(self, params, state, ctx, num_accepted, target_out):
+    def commit(self, params, state, ctx, num_accepted, target_out, verified):
         return state
+
+
+def _build(req: BuildRequest):
+    if req.drafter is not None:
+        raise ValueError("method='ngram' (prompt lookup) takes no drafter; it drafts from the prompt and output")
+    lo, hi = req.config.lookup_range
+    return NgramDrafter(req.config.k, lo, hi), ()
+
+
+register(DrafterSpec("ngram", _build, reads=("prompt_lookup_min", "prompt_lookup_max")))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.ngram import continuation, match_ends
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +52,26 @@ class PredictedDrafter:
         draft = jax.vmap(lambda p, l, s: continuation(p, l, s, self.num_tokens))(pred, pred_len, pointer)
         return Draft(draft.astype(jnp.int32)), pointer
 
-    def commit(self, params, pointer, ctx: Context, num_accepted, target_out):
+    def commit(self, params, pointer, ctx: Context, num_accepted, target_out, verified):
         pred, pred_len = params
         expected = pointer + num_accepted + 1
         bonus = last_tokens(ctx, 1)[:, 0]
         on_track = jnp.take_along_axis(pred, jnp.clip(expected - 1, 0, pred.shape[1] - 1)[:, None], 1)[:, 0] == bonus
         return jnp.where(on_track, expected, self._sync(params, ctx, expected))
+
+
+def _build(req: BuildRequest):
+    from specjax.api import encode_all, right_pad
+    preds = req.drafter
+    if preds is None or isinstance(preds, (str, bytes)) or not hasattr(preds, "__len__") \
+            or len(preds) != len(req.prompts):
+        raise ValueError(f"method='predicted' needs drafter=<one prediction per prompt> ({len(req.prompts)} "
+                         "prompts): a list of strings or token-id lists")
+    ids = encode_all(req.target, preds, "prediction")
+    arr = right_pad(ids, -(-max(map(len, ids)) // 16) * 16)
+    lo, hi = (req.config.prompt_lookup_min or 1), (req.config.prompt_lookup_max or 3)
+    return PredictedDrafter(req.config.k, lo, max(lo, hi)), (jnp.asarray(arr), jnp.asarray([len(p) for p in ids], jnp.int32))
+
+
+register(DrafterSpec("predicted", _build, accepts="one prediction (string or token ids) per prompt",
+                     reads=("prompt_lookup_min", "prompt_lookup_max"), per_request_params=True))

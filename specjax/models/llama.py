@@ -22,7 +22,8 @@ from specjax.models.config import ModelConfig
 class ForwardOut(NamedTuple):
     logits: jax.Array                  # [B, T, V] float32
     hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
-    layer_hidden: tuple                # outputs of the requested decoder layers, each [B, T, H] (before norm)
+    layer_hidden: tuple                # outputs of the requested decoder layers, in the requested order, each
+                                       # [B, T, H] (the residual stream after that layer, before any norm)
     cache: KVCache                     # new entries written; lengths NOT advanced (the caller commits)
 
 
@@ -89,8 +90,11 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
     new_lengths = cache.lengths + T
     Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
+    bad = [i for i in hidden_layers if not -1 < i < len(params["layers"])]
+    if bad:
+        raise ValueError(f"hidden_layers {bad} out of range: the model has {len(params['layers'])} decoder layers")
     x = params["embed"][tokens] if input_embeds is None else input_embeds    # [B, T, H]
-    layer_hidden = []
+    layer_hidden = {}
     for i, lp in enumerate(params["layers"]):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
         q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
@@ -106,10 +110,10 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
         if i in hidden_layers:
-            layer_hidden.append(x)
+            layer_hidden[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     logits = lm_head(params, hidden)
-    return ForwardOut(logits, hidden, tuple(layer_hidden), cache)
+    return ForwardOut(logits, hidden, tuple(layer_hidden[i] for i in hidden_layers), cache)
 
 
 def lm_head(params: dict, hidden: jax.Array) -> jax.Array:

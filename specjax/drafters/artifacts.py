@@ -1,0 +1,120 @@
+"""Drafter artifacts: how trained drafter weights (Medusa heads, EAGLE layers, MTP modules, ...) are stored.
+
+One convention for every kind: a directory holding
+  config.json         {"specjax_drafter": KIND, "config": {...the drafter's own settings...},
+                       "target": {architecture, hidden_size, num_layers, vocab_size, vocab_sha256}}
+  model.safetensors   the drafter's tensors under flat names (float32, bfloat16 or float16)
+  MANIFEST.md         how it was made (command, data, seed) and what it reached
+The "target" block names the model the drafter was trained for; loading against any other target fails with a
+message naming what differs, because heads trained on one model's features mean nothing on another's.
+Published layouts (the EAGLE and Medusa repositories') are converted by their drafter modules, not here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MANIFEST_NAME = "MANIFEST.md"
+
+
+def target_fingerprint(target) -> dict:
+    """What a drafter artifact records about its target (a specjax Model)."""
+    cfg = target.config
+    return {"architecture": cfg.family, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+            "vocab_size": cfg.vocab_size, "vocab_sha256": vocab_hash(target)}
+
+
+def vocab_hash(target) -> str | None:
+    """sha256 of the tokenizer's token -> id map (None without a tokenizer): equal vocab sizes are not enough,
+    the ids must mean the same strings."""
+    tok = getattr(target, "tokenizer", None)
+    if tok is None:
+        return None
+    items = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+def check_target(recorded: dict, target, where: str) -> None:
+    """Raise ValueError naming every field where `target` differs from the target the artifact was made for."""
+    actual = target_fingerprint(target)
+    diffs = []
+    for key, want in recorded.items():
+        have = actual.get(key)
+        if key == "vocab_sha256" and (want is None or have is None):
+            continue                                  # one side has no tokenizer: vocab_size still checked
+        if want != have:
+            diffs.append(f"{key}: trained for {want!r}, this target has {have!r}")
+    if diffs:
+        raise ValueError(f"drafter {where} was trained for another target ({'; '.join(diffs)}); train one for "
+                         f"this target or pass the target it was made for")
+
+
+def resolve(path_or_name: str | os.PathLike) -> str:
+    """A directory, or the name of a shipped drafter under checkpoints/."""
+    from specjax.api import CHECKPOINT_DIR, available_models
+    path = os.fspath(path_or_name)
+    if os.path.isdir(path):
+        return path
+    shipped = os.path.join(CHECKPOINT_DIR, path)
+    if os.path.isdir(shipped):
+        return shipped
+    raise FileNotFoundError(f"no drafter directory {path!r} and no shipped checkpoint of that name (shipped: "
+                            f"{available_models()})")
+
+
+def save_artifact(path: str | os.PathLike, kind: str, config: dict, tensors: dict[str, Any], target,
+                  manifest: str, dtype: str = "bfloat16") -> None:
+    """Write a drafter artifact for `target`. tensors: flat name -> array; stored in `dtype`."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, CONFIG_NAME), "w") as f:
+        json.dump({"specjax_drafter": kind, "config": config, "target": target_fingerprint(target),
+                   "storage_dtype": dtype}, f, indent=1, sort_keys=True)
+    arrays = {name: np.ascontiguousarray(np.asarray(a, np.float32).astype(np_dtype)) for name, a in tensors.items()}
+    save_file(arrays, os.path.join(path, WEIGHTS_NAME), metadata={"specjax_drafter": kind})
+    with open(os.path.join(path, MANIFEST_NAME), "w") as f:
+        f.write(manifest)
+
+
+def load_artifact(path_or_name: str | os.PathLike, target, kind: str,
+                  dtype=np.float32) -> tuple[dict, dict[str, np.ndarray]]:
+    """-> (the drafter's config dict, flat name -> array) after checking the kind and the target."""
+    from specjax.models.hf_io import _SafetensorsFile
+    path = resolve(path_or_name)
+    cfg_path = os.path.join(path, CONFIG_NAME)
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"drafter directory {path} has no {CONFIG_NAME}")
+    try:
+        with open(cfg_path) as f:
+            meta = json.load(f)
+        found_kind, config, recorded = meta["specjax_drafter"], meta["config"], meta["target"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_path} is not a specjax drafter config (needs specjax_drafter, config and target: "
+                         f"{e!r}); published layouts load through their drafter's own loader") from None
+    if found_kind != kind:
+        raise ValueError(f"{path} holds a {found_kind!r} drafter, not a {kind!r} one")
+    check_target(recorded, target, path)
+    if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        raise FileNotFoundError(f"drafter directory {path} has no {MANIFEST_NAME} (how it was made is part of "
+                                "the artifact)")
+    weights = _SafetensorsFile(os.path.join(path, WEIGHTS_NAME))
+    return config, {name: np.asarray(weights.get(name), dtype) for name in weights.keys()}
+
+
+def read_manifest_record(path: str) -> dict:
+    """The ```json block of an artifact's MANIFEST.md (what its recipe measured), or {} when there is none."""
+    text = open(os.path.join(path, MANIFEST_NAME)).read() if os.path.isfile(os.path.join(path, MANIFEST_NAME)) else ""
+    start = text.rfind("```json")
+    if start < 0:
+        return {}
+    body = text[start + len("```json"):]
+    return json.loads(body[:body.index("```")])

@@ -1,0 +1,269 @@
+"""Medusa heads (Cai et al. 2024): K extra decoding heads on the target's last hidden state.
+
+Head i (0-based) reads the target's final normed hidden state at the position that produced the bonus token and
+predicts the token i + 1 places after the bonus: ResBlocks `x + SiLU(x W + b)`, then a vocabulary projection.
+A proposal costs K small matmuls and no target forward, which is the point: the drafts come from features the
+verify pass already computed.
+
+Projections ("layout" in the artifact's config):
+  per_head  each head has its own [H, V] LM head (the paper's; K separate vocabulary matmuls per step)
+  shared    the heads output hidden states that go through ONE [H, V] projection (one K-row matmul that reads
+            the weights once; a K-th of the storage)
+
+Proposals: a chain (head i's argmax; at temperature > 0 a sample from head i's distribution after the shared
+sampling transform, q = that distribution, which speculative sampling verifies exactly), or a static tree from
+the heads' top candidates per depth (tree_choices: e.g. trees.MEDUSA_63, or trees.choices_from_accuracies
+built from measured per-head top-k accuracies); tree children are deterministic top-k, exact at any temperature.
+Medusa's typical acceptance is the lossy SpecConfig(acceptance_method="typical_lossy").
+
+Artifacts: a specjax drafter directory (specjax.drafters.artifacts, kind "medusa"), or a published layout:
+the Medusa repository's (`medusa_lm_head.safetensors` / `.pt`, keys `{head}.{layer}.linear.weight/bias` and
+`{head}.{num_layers}.weight`, config `medusa_num_heads`, `medusa_num_layers`) and vLLM's (`blocks.{head}.layers.
+{layer}.weight/bias`, `lm_heads.{head}.weight`, config `num_heads`, `num_hidden_layers`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from specjax import tree_search
+from specjax.drafters import artifacts
+from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.trees import TreeSpec
+
+KIND = "medusa"
+LAYOUTS = ("per_head", "shared")
+
+
+class MedusaHeads(NamedTuple):
+    """Loaded heads: num_heads K, ResBlocks per head, layout, and params
+    {"w": [K, R, H, H], "b": [K, R, H], "proj": [K, H, V] (per_head) or [H, V] (shared)}."""
+    num_heads: int
+    num_layers: int
+    layout: str
+    params: dict
+    name: str = ""
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.params["w"].shape[-1])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.params["proj"].shape[-1])
+
+
+def init_heads(key: jax.Array, num_heads: int, num_layers: int, lm_head: jax.Array, layout: str) -> dict:
+    """Medusa-1 initialisation: ResBlocks start at zero (each head starts as the identity), projections start
+    as copies of the target's LM head [H, V], so a fresh head predicts what the target predicts."""
+    del key                                                   # zero/copy init is deterministic
+    H = lm_head.shape[0]
+    proj = jnp.broadcast_to(lm_head, (num_heads,) + lm_head.shape) if layout == "per_head" else lm_head
+    return {"w": jnp.zeros((num_heads, num_layers, H, H), lm_head.dtype),
+            "b": jnp.zeros((num_heads, num_layers, H), lm_head.dtype), "proj": jnp.array(proj)}
+
+
+def head_hidden(params: dict, hidden: jax.Array) -> jax.Array:
+    """hidden [..., H] -> [..., K, H]: each head's ResBlock stack applied to the same target feature."""
+    x = jnp.broadcast_to(hidden[..., None, :], hidden.shape[:-1] + (params["w"].shape[0], hidden.shape[-1]))
+    for r in range(params["w"].shape[1]):
+        x = x + jax.nn.silu(jnp.einsum("...kh,khg->...kg", x, params["w"][:, r]) + params["b"][:, r])
+    return x
+
+
+def head_logits(params: dict, hidden: jax.Array) -> jax.Array:
+    """hidden [..., H] -> logits [..., K, V] float32."""
+    x = head_hidden(params, hidden)
+    if params["proj"].ndim == 3:                              # per-head LM heads: K separate projections
+        return jnp.einsum("...kh,khv->...kv", x, params["proj"]).astype(jnp.float32)
+    return (x @ params["proj"]).astype(jnp.float32)           # one shared projection, K rows at once
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaDrafter:
+    num_tokens: int
+    num_heads: int
+    tree: TreeSpec | None = None
+
+    # state: the target's final hidden state [B, H] at the position that produced the last committed token
+
+    def init(self, params, ctx: Context, target_out, sp):
+        at = (ctx.prompt_length - 1)[:, None, None]
+        return jnp.take_along_axis(target_out.hidden, at, axis=1)[:, 0]
+
+    def propose(self, params, hidden, ctx: Context, keys, sp: SamplingParams):
+        logits = head_logits(params, hidden)                                    # [B, K, V]
+        if self.tree is not None:
+            depth = self.tree.max_depth
+            cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
+            tree = tree_search.static_tree_from_candidates(self.tree, last_tokens(ctx, 1)[:, 0], cand)
+            return Draft(tree.tokens[:, 1:], None, tree), hidden
+        logits = logits[:, :self.num_tokens]                                    # [B, k, V]
+        if sp.greedy:
+            return Draft(jnp.argmax(logits, -1).astype(jnp.int32)), hidden
+        probs = probabilities(logits, sp)
+        return Draft(jax.vmap(sample)(keys, probs), probs), hidden                 # one draw per head
+
+    def commit(self, params, hidden, ctx, num_accepted, target_out, verified):
+        return jnp.take_along_axis(target_out.hidden, num_accepted[:, None, None], axis=1)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------- loading and saving
+
+def save_heads(path: str, heads: MedusaHeads, target, manifest: str, dtype: str = "bfloat16") -> None:
+    p = jax.device_get(heads.params)
+    artifacts.save_artifact(path, KIND, {"num_heads": heads.num_heads, "num_layers": heads.num_layers,
+                                         "layout": heads.layout}, {k: np.asarray(v) for k, v in p.items()},
+                            target, manifest, dtype)
+
+
+def _from_torch_layout(blocks: dict, lm_heads: list, num_heads: int, num_layers: int, shared=None) -> dict:
+    """Published layouts store Linear weights as [out, in]; ours multiply x @ w with w [in, out]."""
+    w = np.stack([np.stack([blocks[(i, r)][0].T for r in range(num_layers)]) for i in range(num_heads)])
+    b = np.stack([np.stack([blocks[(i, r)][1] for r in range(num_layers)]) for i in range(num_heads)])
+    proj = np.stack([h.T for h in lm_heads]) if shared is None else shared.T
+    return {"w": w.astype(np.float32), "b": b.astype(np.float32), "proj": proj.astype(np.float32)}
+
+
+def _read_tensors(path: str) -> dict[str, np.ndarray]:
+    from specjax.models.hf_io import _SafetensorsFile
+    for name in ("medusa_lm_head.safetensors", "model.safetensors"):
+        f = os.path.join(path, name)
+        if os.path.isfile(f):
+            st = _SafetensorsFile(f)
+            return {k: np.asarray(st.get(k), np.float32) for k in st.keys()}
+    pt = os.path.join(path, "medusa_lm_head.pt")
+    if os.path.isfile(pt):
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"{pt} is a torch file: install torch to read it, or convert it to "
+                              "medusa_lm_head.safetensors") from None
+        sd = torch.load(pt, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in sd.items()}
+    raise FileNotFoundError(f"no Medusa weights in {path}: expected medusa_lm_head.safetensors, "
+                            "medusa_lm_head.pt or model.safetensors")
+
+
+def _need(tensors: dict, key: str, shape: tuple, where: str) -> np.ndarray:
+    if key not in tensors:
+        raise ValueError(f"Medusa checkpoint {where} is missing tensor {key!r} (truncated or another layout?)")
+    if tuple(tensors[key].shape) != shape:
+        raise ValueError(f"Medusa checkpoint {where}: tensor {key!r} has shape {list(tensors[key].shape)}, "
+                         f"expected {list(shape)}")
+    return tensors[key]
+
+
+def load_published(path: str, target) -> MedusaHeads:
+    """The Medusa repository's or vLLM's layout -> MedusaHeads, checked against the target's sizes."""
+    with open(os.path.join(path, "config.json")) as f:
+        hf = json.load(f)
+    H, V = target.config.hidden_size, target.config.vocab_size
+    for key in ("hidden_size", "vocab_size"):
+        if key in hf and int(hf[key]) != getattr(target.config, key):
+            raise ValueError(f"Medusa heads in {path} were trained for {key}={hf[key]}, the target has "
+                             f"{getattr(target.config, key)}")
+    if "medusa_num_heads" in hf:                                 # FasterDecoding/Medusa
+        K, R = int(hf["medusa_num_heads"]), int(hf.get("medusa_num_layers", 1))
+        t = _read_tensors(path)
+        blocks = {(i, r): (_need(t, f"{i}.{r}.linear.weight", (H, H), path), _need(t, f"{i}.{r}.linear.bias", (H,), path))
+                  for i in range(K) for r in range(R)}
+        heads = [_need(t, f"{i}.{R}.weight", (V, H), path) for i in range(K)]
+    elif "MedusaModel" in (hf.get("architectures") or []) or hf.get("model_type") == "medusa":   # vLLM
+        K, R = int(hf["num_heads"]), int(hf.get("num_hidden_layers", 1))
+        if hf.get("truncated_vocab_size") not in (None, hf.get("vocab_size")):
+            raise ValueError(f"{path}: truncated_vocab_size Medusa heads are not supported")
+        t = _read_tensors(path)
+        blocks = {(i, r): (_need(t, f"blocks.{i}.layers.{r}.weight", (H, H), path),
+                           _need(t, f"blocks.{i}.layers.{r}.bias", (H,), path)) for i in range(K) for r in range(R)}
+        heads = [_need(t, f"lm_heads.{i}.weight", (V, H), path) for i in range(K)]
+    else:
+        raise ValueError(f"{path}/config.json is neither a specjax Medusa artifact nor a published Medusa layout "
+                         "(no specjax_drafter, medusa_num_heads or MedusaModel architecture)")
+    params = _from_torch_layout(blocks, heads, K, R)
+    return MedusaHeads(K, R, "per_head", jax.tree_util.tree_map(jnp.asarray, params), os.path.basename(path))
+
+
+def load_heads(path_or_name: str | os.PathLike, target) -> MedusaHeads:
+    """A specjax Medusa artifact, a published layout, or a shipped name -> MedusaHeads for this target."""
+    path = artifacts.resolve(path_or_name)
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"Medusa directory {path} has no config.json")
+    with open(cfg_path) as f:
+        is_ours = "specjax_drafter" in json.load(f)
+    if not is_ours:
+        return load_published(path, target)
+    cfg, tensors = artifacts.load_artifact(path, target, KIND)
+    K, R, layout = int(cfg["num_heads"]), int(cfg["num_layers"]), cfg["layout"]
+    H, V = target.config.hidden_size, target.config.vocab_size
+    proj_shape = (K, H, V) if layout == "per_head" else (H, V)
+    for key, shape in (("w", (K, R, H, H)), ("b", (K, R, H)), ("proj", proj_shape)):
+        _need(tensors, key, shape, path)
+    return MedusaHeads(K, R, layout, {k: jnp.asarray(tensors[k]) for k in ("w", "b", "proj")},
+                       os.path.basename(os.path.normpath(path)))
+
+
+def rank_accuracy(topk_accuracy) -> list[list[float]]:
+    """Cumulative top-1..top-k accuracy per head [K][k] -> P(the right token is at rank r) per head [K][k]."""
+    acc = np.asarray(topk_accuracy, np.float64)
+    return np.diff(np.concatenate([np.zeros((acc.shape[0], 1)), acc], axis=1), axis=1).clip(0, 1).round(4).tolist()
+
+
+def accuracy_tree(path_or_name: str | os.PathLike, num_nodes: int) -> tuple:
+    """Tree choices of num_nodes nodes that maximise the expected accepted length under the heads' measured
+    per-rank accuracies (recorded in the artifact's MANIFEST by the training recipe): Medusa's construction."""
+    from specjax.trees import choices_from_accuracies
+    path = artifacts.resolve(path_or_name)
+    record = artifacts.read_manifest_record(path)
+    if "tree_rank_accuracy" not in record:
+        raise ValueError(f"{path}/MANIFEST.md records no tree_rank_accuracy (per-head accuracy by rank); "
+                         "give tree_choices explicitly")
+    return choices_from_accuracies(record["tree_rank_accuracy"], num_nodes)
+
+
+# --------------------------------------------------------------------------------------------------- registry
+
+def _build(req: BuildRequest):
+    heads = req.drafter
+    if isinstance(heads, (str, os.PathLike)):
+        heads = load_heads(heads, req.target)
+    if not isinstance(heads, MedusaHeads):
+        raise TypeError("method='medusa' needs drafter=<Medusa heads: a directory, a shipped name or "
+                        f"medusa.load_heads(...)>, got {type(heads).__name__}")
+    cfg = req.config
+    if (heads.hidden_size, heads.vocab_size) != (req.target.config.hidden_size, req.target.config.vocab_size):
+        raise ValueError(f"Medusa heads {heads.name!r} are for hidden {heads.hidden_size} / vocab "
+                         f"{heads.vocab_size}, the target has {req.target.config.hidden_size} / "
+                         f"{req.target.config.vocab_size}")
+    if cfg.is_tree and cfg.tree is None:
+        raise ValueError("Medusa drafts static trees (tree_choices); a dynamic tree needs a drafter that "
+                         "conditions on its own drafts (eagle)")
+    depth = cfg.tree.max_depth if cfg.tree is not None else cfg.k
+    if depth > heads.num_heads:
+        raise ValueError(f"{'the tree is ' + str(depth) + ' deep' if cfg.tree is not None else f'k={depth}'} "
+                         f"but the Medusa heads {heads.name!r} have only {heads.num_heads} heads (one per depth)")
+    if cfg.tree is not None and cfg.tree.topk > heads.vocab_size:
+        raise ValueError(f"the tree asks for top-{cfg.tree.topk} candidates but the vocabulary has "
+                         f"{heads.vocab_size} tokens")
+    return MedusaDrafter(cfg.k, heads.num_heads, cfg.tree), heads.params
+
+
+def _param_specs(drafter: MedusaDrafter, params, mesh):
+    from specjax.sharding import fit_spec
+    specs = {"w": P(), "b": P(), "proj": P(None, None, "model") if params["proj"].ndim == 3 else P(None, "model")}
+    return {k: fit_spec(specs[k], params[k].shape, mesh) for k in params}
+
+
+register(DrafterSpec(KIND, _build, accepts="Medusa heads: a directory (ours or a published layout), a shipped "
+                     "name, or medusa.load_heads(...)", load=lambda target, path: load_heads(path, target),
+                     trees=True, param_specs=_param_specs))

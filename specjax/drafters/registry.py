@@ -1,0 +1,124 @@
+"""The drafter registry: each drafter module describes itself once, and everything else reads the description.
+
+A drafter module calls `register(DrafterSpec(...))` at import time. The spec names the method (vLLM's name where
+vLLM has one), the SpecConfig fields it reads, its own options (`SpecConfig(drafter_options={...})`), whether it
+drafts token trees, how to build it from what the user passed as `drafter=`, and how its params are laid out on
+a ("data", "model") mesh. SpecConfig validation, `generate()`, the experiments' cost measurement and sharding all
+go through `get(method)`; no other code branches on method names.
+
+Modules inside the specjax.drafters package are discovered on the first lookup, so adding a drafter is adding
+its file. Code outside the package (a user's own drafter, a test) calls `register` itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable, Mapping, NamedTuple
+
+# Fields every method reads: the loop's own settings.
+COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "top_p", "max_new_tokens",
+                 "stop_at_eos", "max_cache_len", "implementation", "drafter_options", "acceptance_method",
+                 "posterior_threshold", "posterior_alpha")
+TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
+
+
+class Option(NamedTuple):
+    """A drafter-specific setting, passed as SpecConfig(drafter_options={name: value})."""
+    default: Any
+    check: Callable[[Any], bool]      # True when the value is acceptable
+    help: str                         # what it means and which values are allowed (shown in errors)
+
+
+class BuildRequest(NamedTuple):
+    """What a builder gets: the validated config, the target (a specjax Model), the user's `drafter=` argument
+    (a loaded artifact, a directory, a shipped name, predictions, ... or None), the prompts as token ids, and
+    the length of the loop's token/KV buffers."""
+    config: Any
+    target: Any
+    drafter: Any
+    prompts: list
+    buffer_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    method: str
+    # BuildRequest -> (drafter object: hashable and array-free, a static argument of the compiled loop; its
+    # arrays, passed to every drafter call as `params`). Raise ValueError/TypeError with a clear message on
+    # bad input.
+    build: Callable[[BuildRequest], tuple[Any, Any]]
+    accepts: str = "nothing"             # what drafter= takes, for error messages and docs
+    # (target, a directory or shipped name) -> the loaded artifact build() also accepts; lets a caller that runs
+    # many generate() calls load once. None: the method has no artifact to load.
+    load: Callable[[Any, str], Any] | None = None
+    reads: tuple[str, ...] = ()          # SpecConfig fields read besides COMMON_FIELDS (and TREE_FIELDS if trees)
+    options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
+    trees: bool = False                  # can propose token trees (static tree_choices or a dynamic tree)
+    speculates: bool = True              # False only for plain decoding (k = 0)
+    # (drafter object, params, mesh) -> a PartitionSpec pytree for params. None: every leaf replicated.
+    param_specs: Callable[[Any, Any, Any], Any] | None = None
+    # True: every params leaf has a leading per-request dim (padded with the batch, split over "data").
+    per_request_params: bool = False
+    validate: Callable[[Any], None] | None = None    # extra checks on a SpecConfig for this method
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return COMMON_FIELDS + self.reads + (TREE_FIELDS if self.trees else ())
+
+
+_REGISTRY: dict[str, DrafterSpec] = {}
+_BROKEN: dict[str, str] = {}          # drafter modules that failed to import -> the error (shown by get())
+_discovered = False
+
+
+def register(spec: DrafterSpec, replace: bool = False) -> DrafterSpec:
+    """Add a method. Registering an existing name is an error unless replace=True (e.g. a test re-running)."""
+    if not isinstance(spec, DrafterSpec):
+        raise TypeError(f"register() takes a DrafterSpec, got {type(spec).__name__}")
+    if spec.method in _REGISTRY and not replace and _REGISTRY[spec.method] != spec:
+        raise ValueError(f"speculative method {spec.method!r} is already registered")
+    unknown = [f for f in spec.reads if f in COMMON_FIELDS or f in TREE_FIELDS]
+    if unknown:
+        raise ValueError(f"{spec.method!r}: reads lists fields every method reads already: {unknown}")
+    _REGISTRY[spec.method] = spec
+    return spec
+
+
+def unregister(method: str) -> None:
+    _REGISTRY.pop(method, None)
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    import warnings
+    import specjax.drafters as pkg
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name != "registry":
+            try:
+                importlib.import_module(f"{pkg.__name__}.{mod.name}")
+            except Exception as e:       # one broken drafter must not take every other method down with it
+                _BROKEN[mod.name] = f"{type(e).__name__}: {e}"
+                warnings.warn(f"specjax drafter module {mod.name!r} failed to import ({_BROKEN[mod.name]}); its "
+                              "methods are unavailable", RuntimeWarning, stacklevel=2)
+
+
+def methods() -> tuple[str, ...]:
+    _discover()
+    return tuple(sorted(_REGISTRY))
+
+
+def tree_methods() -> tuple[str, ...]:
+    _discover()
+    return tuple(sorted(m for m, s in _REGISTRY.items() if s.trees))
+
+
+def get(method: str) -> DrafterSpec:
+    _discover()
+    if not isinstance(method, str) or method not in _REGISTRY:
+        broken = "".join(f"; drafter module {m!r} failed to import: {e}" for m, e in _BROKEN.items())
+        raise ValueError(f"unknown speculative method {method!r}; choose one of {methods()}{broken}")
+    return _REGISTRY[method]

@@ -1,0 +1,41 @@
+"""Runs in its own process with 8 virtual CPU devices (tests/test_conformance.py sets XLA_FLAGS before jax starts):
+plain greedy decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh; prints one JSON
+object of tokens and stats. (Each factory's single-device greedy output is plain greedy output: the conformance
+greedy matrix checks that, so comparing with plain saves a compile per factory.)"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import specjax  # noqa: E402
+from conftest import ragged_prompts, tiny_model  # noqa: E402
+from specjax import SpecConfig, sharding  # noqa: E402
+from test_conformance import FACTORIES, Case  # noqa: E402
+
+VOCAB = 64
+MAX_NEW = 16
+
+
+def main() -> None:
+    assert jax.device_count() == 8, jax.devices()
+    # Every dim the model axis splits is divisible by 4: heads 8, kv heads 4, intermediate 64, vocab 64.
+    target = tiny_model(0, vocab=VOCAB, hidden=32, heads=8, kv_heads=4)
+    prompts = ragged_prompts(5, vocab=VOCAB, seed=5)         # 5 rows: padded to the data axis of 2
+    plain = specjax.generate(target, prompts, SpecConfig(max_new_tokens=MAX_NEW)).tokens
+    case = Case(target, 3, prompts, plain)
+    out: dict = {"plain": plain, "tokens": {}, "stats": {}}
+    mesh = sharding.make_mesh(2, 4)
+    for name, factory in FACTORIES.items():
+        kw, drafter = factory(case)
+        res = specjax.generate(target, prompts, SpecConfig(**kw, max_new_tokens=MAX_NEW), drafter=drafter, mesh=mesh)
+        out["tokens"][name] = res.tokens
+        out["stats"][name] = {k: res.stats[k] for k in ("accepted", "rejected")}
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

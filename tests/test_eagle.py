@@ -1,0 +1,452 @@
+"""EAGLE-1/2/3 drafters: greedy output equals plain greedy token for token (chains, static and dynamic trees,
+ragged batches), acceptance counts equal a teacher-forced simulation of the drafter (so the cache/feature
+alignment is the training one), sampled mode, the training-time-test forward, published layouts in both
+directions, our artifacts, and clear errors.
+
+The drafters here are "informative by construction": fc passes the target's feature straight through and the
+layer only adds noise, so the drafter's logits are (nearly) the target's own logits at the previous position,
+i.e. it mostly proposes the last committed token again. The greedy outputs of the tiny target repeat tokens
+often, so some drafts are accepted and others rejected.
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import SpecConfig
+from specjax.api import make_drafter
+from specjax.cache import KVCache
+from specjax.drafters import eagle
+from specjax.drafters.base import Context, target_weight
+from specjax.models.llama import forward
+from specjax.sampling import SamplingParams
+from conftest import ragged_prompts, tiny_model
+
+MAX_NEW = 20
+EXTRA = 6                     # the baselines run longer so the acceptance simulation sees what verify saw
+EAGLE3_LAYERS = (0, 1, 1)     # the 2-layer target: the last entry is the output of its last layer
+
+
+def target_weights(target):
+    return {n: target_weight(target.params, n) for n in ("embed", "lm_head")}
+
+
+def informative(target, kind, seed=0, noise=0.05, tok_noise=0.1, draft_vocab=48):
+    """fc(concat(e, f)) = f + noise (EAGLE-1) / fc(aux) = the last layer's output (EAGLE-3), the layer adds small
+    noise, EAGLE-3's norm and lm_head are the target's (restricted to a draft vocabulary of the most frequent
+    target predictions)."""
+    tc = target.config
+    H, V = tc.hidden_size, tc.vocab_size
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    if kind == "eagle":
+        cfg = eagle.eagle_config(target, "eagle")
+        p = eagle.init_params(k1, cfg, std=noise)
+        p["fc_w"] = p["fc_w"].at[:H].multiply(tok_noise / noise).at[H:].add(jnp.eye(H))
+        return eagle.EagleWeights(cfg, p, None, "informative-eagle")
+    cfg = eagle.eagle_config(target, "eagle3", target_layers=EAGLE3_LAYERS, draft_vocab_size=draft_vocab)
+    ids = jax.random.randint(k2, (8, 16), 0, V)
+    counts = np.bincount(np.asarray(jnp.argmax(target.logits(ids), -1)).ravel(), minlength=V) + 1e-3 * np.arange(V)
+    d2t = eagle.vocab_map_from_counts(counts, draft_vocab)
+    p = eagle.init_params(k1, cfg, std=noise)
+    fc = noise * jax.random.normal(k3, p["fc_w"].shape)
+    p["fc_w"] = fc.at[2 * H:].add(jnp.eye(H))
+    p["final_norm"] = target.params["final_norm"]
+    p["lm_head"] = target_weight(target.params, "lm_head")[:, eagle.draft_to_target(d2t)]
+    return eagle.EagleWeights(cfg, p, d2t, "informative-eagle3")
+
+
+@pytest.fixture(scope="module")
+def drafters(target):
+    return {"eagle": informative(target, "eagle"), "eagle3": informative(target, "eagle3")}
+
+
+def prompts_for(batch):
+    # batch 1: the first row of the ragged batch of 3 (its greedy output repeats tokens, so drafts get accepted)
+    return ragged_prompts(3, seed=3)[:batch]
+
+
+@pytest.fixture(scope="module")
+def long_baselines(target):
+    return {b: specjax.generate(target, prompts_for(b), SpecConfig(max_new_tokens=MAX_NEW + EXTRA)).tokens
+            for b in (1, 3)}
+
+
+def target_features(target, seqs, layers):
+    """The target's forward over right-padded sequences (causal: padding changes nothing before it)."""
+    tc = target.config
+    T = max(map(len, seqs))
+    ids = jnp.asarray([list(s) + [0] * (T - len(s)) for s in seqs], jnp.int32)
+    cache = KVCache.init(tc.num_layers, len(seqs), T, tc.num_kv_heads, tc.head_dim)
+    return ids, forward(target.params, tc, ids, cache, hidden_layers=layers)
+
+
+def simulated_accepted(target, w: eagle.EagleWeights, prompts, outputs, k, shift=0):
+    """Accepted drafts of a greedy chain run predicted from the TRAINING path: ttt_forward over the final sequences
+    (step i at index L-2 is draft i+1 of the step with L committed tokens, given that drafts 1..i were right)."""
+    seqs = [list(p) + list(o) for p, o in zip(prompts, outputs)]
+    ids, tout = target_features(target, seqs, w.config.target_layers)
+    feats = tout.hidden[:, :-1] if w.kind == "eagle" else tuple(h[:, :-1] for h in tout.layer_hidden)
+    _, logits = eagle.ttt_forward(w.params, w.config, ids[:, 1:], feats, k, target_weights(target))
+    pred = np.asarray(jnp.argmax(logits, -1))                                      # [k, B, T-1]
+    if w.d2t is not None:
+        pred = eagle.draft_to_target(w.d2t)[pred]
+    total = 0
+    for b, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        L, num_new = len(prompt) + 1, 1
+        while num_new < MAX_NEW:
+            n = 0
+            while n < k and pred[n, b, L - 2 + shift] == seq[L + n]:
+                n += 1
+            total += n
+            count = min(n + 1, MAX_NEW - num_new)
+            L, num_new = L + count, num_new + count
+    return total
+
+
+TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+CASES = [   # (method, batch, config fields, simulate acceptance)
+    ("eagle", 1, dict(num_speculative_tokens=1), True),
+    ("eagle", 3, dict(num_speculative_tokens=3), True),
+    ("eagle", 3, dict(tree_choices=TREE), False),
+    ("eagle", 1, dict(num_steps=3, topk=2, num_draft_tokens=6), False),          # EAGLE-2
+    ("eagle3", 3, dict(num_speculative_tokens=3), True),
+    ("eagle3", 1, dict(tree_choices=TREE), False),
+]
+
+
+@pytest.mark.parametrize("method,batch,fields,simulate", CASES,
+                         ids=[f"{m}-b{b}-{'-'.join(f'{k}{v}' for k, v in f.items() if k != 'tree_choices') or 'tree'}"
+                              for m, b, f, _ in CASES])
+def test_greedy_equals_plain(target, drafters, long_baselines, method, batch, fields, simulate):
+    w = drafters[method]
+    prompts = prompts_for(batch)
+    res = specjax.generate(target, prompts, SpecConfig(method=method, max_new_tokens=MAX_NEW, **fields), drafter=w)
+    assert res.tokens == [b[:MAX_NEW] for b in long_baselines[batch]]
+    assert 0 < res.stats["accepted"] < res.stats["drafted"], res.stats
+    if simulate:
+        k = fields["num_speculative_tokens"]
+        assert res.stats["accepted"] == simulated_accepted(target, w, prompts, long_baselines[batch], k)
+        # the simulation discriminates: the drafter one entry behind would have accepted other drafts
+        assert res.stats["accepted"] != simulated_accepted(target, w, prompts, long_baselines[batch], k, shift=-1)
+
+
+def test_sampled_smoke(target, drafters):
+    w = drafters["eagle3"]
+    vocab = set(eagle.draft_to_target(w.d2t).tolist())
+    prompts = ragged_prompts(3, seed=3)
+    cfg = SpecConfig(method="eagle3", num_speculative_tokens=2, temperature=0.8, top_k=20, max_new_tokens=12)
+    res = specjax.generate(target, prompts, cfg, drafter=w, seed=1)
+    assert [len(t) for t in res.tokens] == [12] * 3
+    assert all(0 <= t < target.config.vocab_size for row in res.tokens for t in row)
+    assert res.stats["drafted"] > 0 and res.stats["accepted"] > 0
+    # q is a distribution over the TARGET vocabulary, zero outside the draft vocabulary; drafts lie inside it
+    drafter, params = make_drafter(target, cfg, w, prompts, 64)
+    ids = jnp.asarray(np.array([p + [0] * (19 - len(p)) for p in prompts]), jnp.int32)
+    plen = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    tc = target.config
+    out = forward(target.params, tc, ids, KVCache.init(tc.num_layers, 3, 64, tc.num_kv_heads, tc.head_dim),
+                  hidden_layers=drafter.target_layers)
+    tokens = jnp.zeros((3, 64), jnp.int32).at[:, :19].set(ids).at[jnp.arange(3), plen].set(5)
+    ctx = Context(tokens, plen + 1, plen, {"embed": target.params["embed"]})
+    sp = SamplingParams(0.8, 20, 1.0)
+    state = drafter.init(params, ctx, out, sp)
+    draft, _ = drafter.propose(params, state, ctx, jax.random.split(jax.random.PRNGKey(0), 3), sp)
+    probs = np.asarray(draft.probs)
+    assert probs.shape == (3, 2, tc.vocab_size)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    outside = np.setdiff1d(np.arange(tc.vocab_size), sorted(vocab))
+    assert np.all(probs[..., outside] == 0)
+    assert set(np.asarray(draft.tokens).ravel().tolist()) <= vocab
+
+
+# ----------------------------------------------------------------------------------------- training functions
+
+def test_ttt_mask_matches_direct_construction():
+    T, n = 5, 3
+    direct = np.zeros((n * T, n * T), bool)
+    for i in range(n):
+        for t in range(T):
+            for s in range(n):
+                for j in range(T):
+                    causal_real = s == 0 and j <= t
+                    own_chain = 1 <= s <= i and j == t
+                    direct[i * T + t, s * T + j] = causal_real or own_chain
+    np.testing.assert_array_equal(eagle.ttt_mask(T, n), direct)
+    assert eagle.ttt_mask(T, 1).tolist() == np.tril(np.ones((T, T), bool)).tolist()
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_ttt_step0_is_the_plain_forward(target, kind):
+    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": 30}
+                                              if kind == "eagle3" else {}))
+    p = eagle.init_params(jax.random.PRNGKey(1), cfg, std=0.3)
+    B, T, H = 2, 7, target.config.hidden_size
+    toks = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, target.config.vocab_size)
+    feats = jax.random.normal(jax.random.PRNGKey(3), (B, T, H if kind == "eagle" else 3 * H))
+    h, lg = eagle.forward_sequence(p, cfg, toks, feats, target_weights(target))
+    hs, lgs = eagle.ttt_forward(p, cfg, toks, feats, 3, target_weights(target))
+    assert hs.shape == (3, B, T, H) and lgs.shape == (3, B, T, cfg.out_vocab_size)
+    np.testing.assert_allclose(hs[0], h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lgs[0], lg, rtol=1e-5, atol=1e-5)
+    # step 1 at index t is the drafter fed (token t+1, step-0 output t) at position t+1 after the real entries 0..t
+    t = 3
+    toks1 = jnp.concatenate([toks[:, :t + 1], toks[:, t + 1:t + 2]], 1)
+    if kind == "eagle3":                     # feed already projected hidden inputs through an identity fc
+        fe, p = eagle.project_features(p, cfg, feats), dict(p, fc_w=jnp.eye(H))
+        cfg = eagle.EagleConfig("eagle3", cfg.layer, H, (0,), 30)
+    else:
+        fe = feats
+    h1, _ = eagle.forward_sequence(p, cfg, toks1, jnp.concatenate([fe[:, :t + 1], h[:, t:t + 1]], 1),
+                                   target_weights(target))
+    np.testing.assert_allclose(hs[1][:, t], h1[:, t + 1], rtol=1e-4, atol=1e-5)
+
+
+def test_defaults_and_vocab_helpers():
+    assert eagle.default_target_layers(32) == (1, 15, 28)          # = HF hidden_states ids (2, 16, 29)
+    assert eagle.default_target_layers(4) == (0, 1, 2)
+    assert eagle.default_target_layers(3) == (0, 1, 2)
+    with pytest.raises(ValueError, match="only 2 decoder layer"):
+        eagle.default_target_layers(2)
+    d2t = eagle.vocab_map_from_counts([5, 0, 9, 1, 7], 3)
+    assert eagle.draft_to_target(d2t).tolist() == [0, 2, 4]
+    assert eagle.t2d_from_d2t(d2t, 5).tolist() == [True, False, True, False, True]
+    assert eagle.target_to_draft(d2t, 5).tolist() == [0, -1, 1, -1, 2]
+
+
+# ----------------------------------------------------------------------------------------- published layouts
+
+def _np_rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _np_layer_attention(x, sd, pfx, hf):
+    """HF LlamaAttention over one causal sequence x [T, Hin], positions 0..T-1, from torch-layout tensors."""
+    lc = hf.get("transformer_layer_config", hf)
+    Hq, Hkv = lc["num_attention_heads"], lc["num_key_value_heads"]
+    D = lc.get("head_dim") or lc["hidden_size"] // Hq
+    T = x.shape[0]
+    q = (x @ sd[pfx + "self_attn.q_proj.weight"].T).reshape(T, Hq, D)
+    k = (x @ sd[pfx + "self_attn.k_proj.weight"].T).reshape(T, Hkv, D)
+    v = (x @ sd[pfx + "self_attn.v_proj.weight"].T).reshape(T, Hkv, D)
+    inv = 1.0 / lc.get("rope_theta", 10000.0) ** (np.arange(0, D, 2) / D)
+    ang = np.arange(T)[:, None] * inv
+    cos, sin = np.concatenate([np.cos(ang)] * 2, -1)[:, None], np.concatenate([np.sin(ang)] * 2, -1)[:, None]
+    rot = lambda a: np.concatenate([-a[..., D // 2:], a[..., :D // 2]], -1)
+    q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+    k, v = np.repeat(k, Hq // Hkv, axis=1), np.repeat(v, Hq // Hkv, axis=1)
+    s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    return np.einsum("hts,shd->thd", a, v).reshape(T, Hq * D) @ sd[pfx + "self_attn.o_proj.weight"].T
+
+
+def _np_mlp(x, sd, pfx):
+    g, u = x @ sd[pfx + "mlp.gate_proj.weight"].T, x @ sd[pfx + "mlp.up_proj.weight"].T
+    return (g / (1 + np.exp(-g)) * u) @ sd[pfx + "mlp.down_proj.weight"].T
+
+
+def reference_logits(sd, hf, tokens, feats, target):
+    """The EAGLE / EAGLE-3 reference drafters written out in numpy from a published state dict (one sequence)."""
+    sd = {k: np.asarray(v, np.float64) for k, v in sd.items()}
+    lc = hf.get("transformer_layer_config", hf)
+    eps = lc.get("rms_norm_eps", 1e-6)
+    embed = sd.get("embed_tokens.weight", np.asarray(target.params["embed"], np.float64))
+    e = embed[np.asarray(tokens)]
+    f = np.asarray(feats, np.float64)
+    if "midlayer.hidden_norm.weight" in sd or "layers.0.hidden_norm.weight" in sd:
+        pfx = "midlayer." if "midlayer.hidden_norm.weight" in sd else "layers.0."
+        g = f @ sd["fc.weight"].T
+        x_in = np.concatenate([_np_rms(e, sd[pfx + "input_layernorm.weight"], eps),
+                               _np_rms(g, sd[pfx + "hidden_norm.weight"], eps)], -1)
+        h = g + _np_layer_attention(x_in, sd, pfx, hf)
+        h = h + _np_mlp(_np_rms(h, sd[pfx + "post_attention_layernorm.weight"], eps), sd, pfx)
+        return _np_rms(h, sd["norm.weight"], eps) @ sd["lm_head.weight"].T
+    x = np.concatenate([e, f], -1) @ sd["fc.weight"].T + sd["fc.bias"]
+    h = x + _np_layer_attention(x, sd, "layers.0.", hf)
+    h = h + _np_mlp(_np_rms(h, sd["layers.0.post_attention_layernorm.weight"], eps), sd, "layers.0.")
+    return h @ np.asarray(target_weight(target.params, "lm_head"), np.float64)
+
+
+def published_state_dict(w: eagle.EagleWeights, target, layout: str) -> tuple[dict, dict]:
+    """Write our weights in a published layout by hand: (state dict in torch [out, in] convention, config.json)."""
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), w.params)
+    lp, c = p["layer"], w.config.layer
+    pfx = {"eagle1": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}[layout]
+    sd = {pfx + "self_attn.q_proj.weight": lp["wq"].T, pfx + "self_attn.k_proj.weight": lp["wk"].T,
+          pfx + "self_attn.v_proj.weight": lp["wv"].T, pfx + "self_attn.o_proj.weight": lp["wo"].T,
+          pfx + "post_attention_layernorm.weight": lp["mlp_norm"], pfx + "mlp.gate_proj.weight": lp["w_gate"].T,
+          pfx + "mlp.up_proj.weight": lp["w_up"].T, pfx + "mlp.down_proj.weight": lp["w_down"].T,
+          "fc.weight": p["fc_w"].T}
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+             "num_key_value_heads": c.num_kv_heads, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+             "rope_theta": c.rope_theta, "vocab_size": c.vocab_size, "max_position_embeddings": 2048}
+    if layout == "eagle1":
+        sd["fc.bias"] = p["fc_b"]
+        sd["embed_tokens.weight"] = np.asarray(target.params["embed"])
+        return {k: np.ascontiguousarray(v) for k, v in sd.items()}, dict(llama, bias=True)
+    sd.update({pfx + "input_layernorm.weight": lp["attn_norm"], pfx + "hidden_norm.weight": lp["hidden_norm"],
+               "norm.weight": p["final_norm"], "lm_head.weight": p["lm_head"].T, "d2t": np.asarray(w.d2t),
+               "t2d": eagle.t2d_from_d2t(w.d2t, c.vocab_size)})
+    sd = {k: np.ascontiguousarray(v) for k, v in sd.items()}
+    ids = [i + 1 for i in w.config.target_layers]
+    if layout == "eagle3":
+        return sd, dict(llama, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=w.config.draft_vocab_size,
+                        eagle_aux_hidden_state_layer_ids=ids)
+    return sd, {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "transformer_layer_config": llama, "draft_vocab_size": w.config.draft_vocab_size,
+                "target_hidden_size": target.config.hidden_size, "norm_before_residual": False,
+                "eagle_aux_hidden_state_layer_ids": ids, "speculators_config": {"algorithm": "eagle3"}}
+
+
+def write_layout(path, sd, hf, torch_bin=False):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf, f)
+    if torch_bin:
+        import torch
+        torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, os.path.join(path, "pytorch_model.bin"))
+    else:
+        from safetensors.numpy import save_file
+        save_file(sd, os.path.join(path, "model.safetensors"))
+
+
+def random_weights(target, kind, seed=4, draft_vocab=40):
+    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": draft_vocab}
+                                              if kind == "eagle3" else {}))
+    p = eagle.init_params(jax.random.PRNGKey(seed), cfg, std=0.3)
+    p["layer"] = dict(p["layer"], mlp_norm=1 + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), (32,)))
+    d2t = None
+    if kind == "eagle3":
+        ids = np.sort(np.random.default_rng(seed).choice(target.config.vocab_size, draft_vocab, replace=False))
+        d2t = ids - np.arange(draft_vocab)
+    return eagle.EagleWeights(cfg, p, d2t, f"random-{kind}")
+
+
+def _sequence_inputs(target, w, T=9, seed=5):
+    seq = np.random.default_rng(seed).integers(0, target.config.vocab_size, T + 1).tolist()
+    ids, tout = target_features(target, [seq], w.config.target_layers)
+    feats = tout.hidden[:, :-1] if w.kind == "eagle" else jnp.concatenate(tout.layer_hidden, -1)[:, :-1]
+    return ids[:, 1:], feats
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle1_bin", "eagle3", "speculators"])
+def test_published_layouts_give_our_logits(tmp_path, target, layout):
+    kind = "eagle" if layout.startswith("eagle1") else "eagle3"
+    ours = random_weights(target, kind)
+    sd, hf = published_state_dict(ours, target, layout.replace("_bin", ""))
+    write_layout(str(tmp_path / layout), sd, hf, torch_bin=layout.endswith("_bin"))
+    loaded = eagle.load(str(tmp_path / layout), target, kind)
+    assert loaded.config.target_layers == ours.config.target_layers
+    assert ("embed" in loaded.params) == (kind == "eagle")
+    tokens, feats = _sequence_inputs(target, ours)
+    _, want = eagle.forward_sequence(ours.params, ours.config, tokens, feats, target_weights(target))
+    _, got = eagle.forward_sequence(loaded.params, loaded.config, tokens, feats, target_weights(target))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want[0], reference_logits(sd, hf, tokens[0], feats[0], target), rtol=1e-4, atol=1e-4)
+    if kind == "eagle3":
+        np.testing.assert_array_equal(loaded.d2t, ours.d2t)
+
+
+def test_published_eagle3_without_layer_ids_uses_the_reference_default(tmp_path):
+    target = tiny_model(0, layers=8)
+    w = random_weights(target, "eagle3")
+    sd, hf = published_state_dict(w, target, "eagle3")
+    del hf["eagle_aux_hidden_state_layer_ids"]
+    del sd["t2d"]                                            # optional: d2t alone defines the map
+    write_layout(str(tmp_path / "p"), sd, hf)
+    assert eagle.load(str(tmp_path / "p"), target).config.target_layers == (1, 3, 4)    # HF ids (2, 4, 5)
+
+
+def test_export_import_round_trip(tmp_path, target):
+    for kind in ("eagle3", "eagle"):
+        w = random_weights(target, kind)
+        eagle.export_published(str(tmp_path / kind), w)
+        with open(tmp_path / kind / "config.json") as f:
+            hf = json.load(f)
+        if kind == "eagle3":
+            assert hf["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in EAGLE3_LAYERS]
+            assert hf["draft_vocab_size"] == 40
+        back = eagle.load(str(tmp_path / kind), target, kind)
+        assert back.config == w.config
+        for a, b in zip(jax.tree_util.tree_leaves(back.params), jax.tree_util.tree_leaves(w.params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if kind == "eagle3":
+            np.testing.assert_array_equal(back.d2t, w.d2t)
+    # our artifact (the training recipes' format), float32 exact and bfloat16
+    for kind in ("eagle", "eagle3"):
+        w = random_weights(target, kind)
+        eagle.save(str(tmp_path / f"ours-{kind}"), w, target, "# test\n", dtype="float32")
+        back = eagle.load(str(tmp_path / f"ours-{kind}"), target)
+        assert back.config == w.config and back.kind == kind
+        for a, b in zip(jax.tree_util.tree_leaves(back.params), jax.tree_util.tree_leaves(w.params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    eagle.save(str(tmp_path / "bf16"), w, target, "# test\n")
+    back = eagle.load(str(tmp_path / "bf16"), target, "eagle3")
+    np.testing.assert_array_equal(back.d2t, w.d2t)                      # the vocab map stays exact
+    np.testing.assert_allclose(back.params["lm_head"], w.params["lm_head"], rtol=1e-2, atol=1e-2)
+
+
+def test_bad_input(tmp_path, target, drafters):
+    prompts = [[1, 2, 3]]
+    chain = lambda method, **kw: SpecConfig(method=method, num_speculative_tokens=2, **kw)
+    with pytest.raises(TypeError, match="method='eagle' needs drafter"):
+        specjax.generate(target, prompts, chain("eagle"), drafter=None)
+    with pytest.raises(ValueError, match="is an 'eagle' drafter; use method='eagle'"):
+        specjax.generate(target, prompts, chain("eagle3"), drafter=drafters["eagle"])
+    # a drafter for another target
+    wide = tiny_model(0, hidden=48, heads=4, kv_heads=2)
+    with pytest.raises(ValueError, match="target hidden_size=32, the target 'tiny' has 48"):
+        specjax.generate(wide, prompts, chain("eagle"), drafter=drafters["eagle"])
+    other_vocab = tiny_model(0, vocab=67)
+    with pytest.raises(ValueError, match="vocab_size=61, the target 'tiny' has 67"):
+        specjax.generate(other_vocab, prompts, chain("eagle3"), drafter=drafters["eagle3"])
+    eagle.save(str(tmp_path / "ours"), drafters["eagle"], target, "# x\n", dtype="float32")
+    with pytest.raises(ValueError, match="trained for another target.*hidden_size"):
+        eagle.load(str(tmp_path / "ours"), wide)
+    with pytest.raises(ValueError, match="holds a 'eagle' drafter, not 'eagle3'"):
+        specjax.generate(target, prompts, chain("eagle3"), drafter=str(tmp_path / "ours"))
+    # feature layers out of range
+    w3 = drafters["eagle3"]
+    far = w3._replace(config=eagle.EagleConfig("eagle3", w3.config.layer, 32, (0, 1, 5), w3.config.draft_vocab_size))
+    with pytest.raises(ValueError, match=r"reads target layers \[0, 1, 5\].*2 decoder layers.*out of range: \[5\]"):
+        specjax.generate(target, prompts, chain("eagle3"), drafter=far)
+    sd, hf = published_state_dict(w3, target, "speculators")
+    write_layout(str(tmp_path / "emb"), sd, dict(hf, eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
+    with pytest.raises(ValueError, match="include 0 \\(the embedding output\\)"):
+        eagle.load(str(tmp_path / "emb"), target)
+    # a d2t map that does not fit the vocabulary, or is not one-to-one
+    bad = np.array(w3.d2t)
+    bad[-1] += 100
+    with pytest.raises(ValueError, match="d2t map does not fit the target vocabulary of 61"):
+        specjax.generate(target, prompts, chain("eagle3"), drafter=w3._replace(d2t=bad))
+    dup = np.array(w3.d2t)
+    dup[1] = dup[0] - 1
+    with pytest.raises(ValueError, match="two draft tokens to the same target token"):
+        specjax.generate(target, prompts, chain("eagle3"), drafter=w3._replace(d2t=dup))
+    sd2 = dict(sd, d2t=bad)
+    write_layout(str(tmp_path / "badmap"), sd2, hf)
+    with pytest.raises(ValueError, match="does not fit the target vocabulary"):
+        eagle.load(str(tmp_path / "badmap"), target)
+    # invalid trees
+    small = informative(target, "eagle3", draft_vocab=3)
+    with pytest.raises(ValueError, match="top-4 draft tokens per node but the drafter's draft vocabulary has only 3"):
+        specjax.generate(target, prompts, SpecConfig(method="eagle3", tree_choices=[(0,), (1,), (2,), (3,)]),
+                         drafter=small)
+    with pytest.raises(ValueError, match="num_draft_tokens=40"):
+        SpecConfig(method="eagle", num_steps=2, topk=2, num_draft_tokens=40)
+    # truncated / incomplete published checkpoints
+    sd3 = dict(sd)
+    del sd3["layers.0.hidden_norm.weight"]
+    write_layout(str(tmp_path / "missing"), sd3, hf)
+    with pytest.raises(ValueError, match="missing tensor 'layers.0.hidden_norm.weight'"):
+        eagle.load(str(tmp_path / "missing"), target)
+    st = tmp_path / "emb" / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        eagle.load(str(tmp_path / "emb"), target)

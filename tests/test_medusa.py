@@ -1,0 +1,194 @@
+"""Medusa heads: published layouts load to the same logits as our own heads, artifacts round-trip, bad input is
+refused clearly, tree choices from measured accuracies, and the lossy typical-acceptance rule."""
+import itertools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import SpecConfig
+from specjax.drafters import medusa
+from specjax.drafters.base import target_weight
+from specjax.trees import MEDUSA_63, choices_from_accuracies
+from specjax.verify import chain_typical_lossy, typical_threshold
+from conftest import ragged_prompts, tiny_model
+
+
+def random_heads(target, num_heads=3, num_layers=2, layout="per_head", seed=0, scale=0.3):
+    p = medusa.init_heads(None, num_heads, num_layers, target_weight(target.params, "lm_head"), layout)
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    p = dict(p, w=scale * jax.random.normal(k1, p["w"].shape), b=scale * jax.random.normal(k2, p["b"].shape),
+             proj=p["proj"] + 0.1 * jax.random.normal(k3, p["proj"].shape))
+    return medusa.MedusaHeads(num_heads, num_layers, layout, p, "random")
+
+
+def reference_logits(heads: medusa.MedusaHeads, hidden: np.ndarray) -> np.ndarray:
+    """The Medusa repository's head, written out in numpy: x + SiLU(x W^T + b) per ResBlock, then the LM head."""
+    p = jax.tree_util.tree_map(np.asarray, heads.params)
+    out = []
+    for i in range(heads.num_heads):
+        x = hidden.astype(np.float64)
+        for r in range(heads.num_layers):
+            z = x @ p["w"][i, r] + p["b"][i, r]
+            x = x + z / (1 + np.exp(-z))
+        proj = p["proj"][i] if heads.layout == "per_head" else p["proj"]
+        out.append(x @ proj)
+    return np.stack(out, axis=-2)
+
+
+def write_medusa_repo_layout(path, heads, target, torch_file=False):
+    """FasterDecoding/Medusa: medusa_lm_head with {head}.{layer}.linear.weight/bias and {head}.{L}.weight."""
+    os.makedirs(path, exist_ok=True)
+    p = jax.tree_util.tree_map(np.asarray, heads.params)
+    sd = {}
+    for i in range(heads.num_heads):
+        for r in range(heads.num_layers):
+            sd[f"{i}.{r}.linear.weight"] = np.ascontiguousarray(p["w"][i, r].T)
+            sd[f"{i}.{r}.linear.bias"] = p["b"][i, r]
+        sd[f"{i}.{heads.num_layers}.weight"] = np.ascontiguousarray(p["proj"][i].T)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+                   "base_model_name_or_path": "stdlib-target", "hidden_size": target.config.hidden_size,
+                   "vocab_size": target.config.vocab_size}, f)
+    if torch_file:
+        import torch
+        torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, os.path.join(path, "medusa_lm_head.pt"))
+    else:
+        from safetensors.numpy import save_file
+        save_file(sd, os.path.join(path, "medusa_lm_head.safetensors"))
+
+
+def write_vllm_layout(path, heads, target):
+    """vLLM's MedusaModel: blocks.{head}.layers.{layer}.weight/bias, lm_heads.{head}.weight."""
+    from safetensors.numpy import save_file
+    os.makedirs(path, exist_ok=True)
+    p = jax.tree_util.tree_map(np.asarray, heads.params)
+    sd = {}
+    for i in range(heads.num_heads):
+        for r in range(heads.num_layers):
+            sd[f"blocks.{i}.layers.{r}.weight"] = np.ascontiguousarray(p["w"][i, r].T)
+            sd[f"blocks.{i}.layers.{r}.bias"] = p["b"][i, r]
+        sd[f"lm_heads.{i}.weight"] = np.ascontiguousarray(p["proj"][i].T)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": heads.num_heads,
+                   "num_hidden_layers": heads.num_layers, "hidden_size": target.config.hidden_size,
+                   "vocab_size": target.config.vocab_size, "truncated_vocab_size": None}, f)
+    save_file(sd, os.path.join(path, "model.safetensors"))
+
+
+@pytest.mark.parametrize("layout", ["medusa_repo", "medusa_repo_pt", "vllm"])
+def test_published_layouts_give_our_logits(tmp_path, target, layout):
+    heads = random_heads(target)
+    path = str(tmp_path / layout)
+    if layout == "vllm":
+        write_vllm_layout(path, heads, target)
+    else:
+        write_medusa_repo_layout(path, heads, target, torch_file=layout.endswith("_pt"))
+    loaded = medusa.load_heads(path, target)
+    assert (loaded.num_heads, loaded.num_layers, loaded.layout) == (3, 2, "per_head")
+    hidden = np.random.default_rng(0).normal(size=(5, target.config.hidden_size)).astype(np.float32)
+    ours = np.asarray(medusa.head_logits(heads.params, jnp.asarray(hidden)))
+    np.testing.assert_allclose(np.asarray(medusa.head_logits(loaded.params, jnp.asarray(hidden))), ours, atol=1e-5)
+    np.testing.assert_allclose(ours, reference_logits(heads, hidden), rtol=1e-4, atol=1e-4)
+    # and it drafts through generate() like our own heads
+    prompts = ragged_prompts(2, seed=2)
+    cfg = SpecConfig(method="medusa", num_speculative_tokens=3, max_new_tokens=8)
+    assert specjax.generate(target, prompts, cfg, drafter=path).tokens == \
+        specjax.generate(target, prompts, cfg, drafter=heads).tokens
+
+
+@pytest.mark.parametrize("layout", ["per_head", "shared"])
+def test_artifact_round_trip(tmp_path, target, layout):
+    heads = random_heads(target, layout=layout)
+    medusa.save_heads(str(tmp_path / "h"), heads, target, "# test heads\n", dtype="float32")
+    loaded = medusa.load_heads(str(tmp_path / "h"), target)
+    assert loaded.layout == layout
+    for k in heads.params:
+        np.testing.assert_array_equal(np.asarray(loaded.params[k]), np.asarray(heads.params[k]))
+    hidden = jnp.ones((2, target.config.hidden_size))
+    np.testing.assert_allclose(medusa.head_logits(loaded.params, hidden), reference_logits(heads, np.ones((2, 32))),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_bad_input(tmp_path, target):
+    heads = random_heads(target, num_heads=3)
+    prompts = [[1, 2, 3]]
+    with pytest.raises(ValueError, match="k=4 but the Medusa heads 'random' have only 3 heads"):
+        specjax.generate(target, prompts, SpecConfig(method="medusa", num_speculative_tokens=4), drafter=heads)
+    with pytest.raises(ValueError, match="tree is 4 deep but the Medusa heads 'random' have only 3"):
+        specjax.generate(target, prompts, SpecConfig(method="medusa", tree_choices=MEDUSA_63), drafter=heads)
+    with pytest.raises(ValueError, match="dynamic tree"):
+        specjax.generate(target, prompts, SpecConfig(method="medusa", num_steps=2, topk=2, num_draft_tokens=4),
+                         drafter=heads)
+    with pytest.raises(ValueError, match="malformed tree_choices"):
+        SpecConfig(method="medusa", tree_choices=[(0,), (1, 1)])
+    with pytest.raises(TypeError, match="method='medusa' needs drafter"):
+        specjax.generate(target, prompts, SpecConfig(method="medusa", num_speculative_tokens=2), drafter=None)
+    # heads for another target: ours (artifact records the target) and a published layout (config sizes)
+    medusa.save_heads(str(tmp_path / "ours"), heads, target, "# x\n", dtype="float32")
+    wide = tiny_model(0, hidden=48, heads=4, kv_heads=2)
+    with pytest.raises(ValueError, match="trained for another target.*hidden_size"):
+        medusa.load_heads(str(tmp_path / "ours"), wide)
+    write_medusa_repo_layout(str(tmp_path / "pub"), heads, target)
+    with pytest.raises(ValueError, match="trained for hidden_size=32, the target has 48"):
+        medusa.load_heads(str(tmp_path / "pub"), wide)
+    other_vocab = tiny_model(0, vocab=67)
+    with pytest.raises(ValueError, match="trained for vocab_size=61, the target has 67"):
+        medusa.load_heads(str(tmp_path / "pub"), other_vocab)
+    with pytest.raises(ValueError, match="vocab 61"):
+        specjax.generate(other_vocab, prompts, SpecConfig(method="medusa", num_speculative_tokens=2), drafter=heads)
+    # truncated checkpoints
+    st = tmp_path / "pub" / "medusa_lm_head.safetensors"
+    st.write_bytes(st.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        medusa.load_heads(str(tmp_path / "pub"), target)
+    w = tmp_path / "ours" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        medusa.load_heads(str(tmp_path / "ours"), target)
+    # a published file missing one head's tensors
+    from safetensors.numpy import load_file, save_file
+    write_medusa_repo_layout(str(tmp_path / "pub2"), heads, target)
+    f = str(tmp_path / "pub2" / "medusa_lm_head.safetensors")
+    sd = load_file(f)
+    del sd["2.2.weight"]
+    save_file(sd, f)
+    with pytest.raises(ValueError, match="missing tensor '2.2.weight'"):
+        medusa.load_heads(str(tmp_path / "pub2"), target)
+
+
+def test_choices_from_accuracies_is_optimal():
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2], [0.4, 0.3]]
+    for n in (1, 3, 6, 9):
+        choices = choices_from_accuracies(acc, n)
+        value = lambda c: np.prod([acc[d][r] for d, r in enumerate(c)])
+        best = 0.0                                   # brute force over ancestor-closed sets of n nodes
+        nodes = [c for d in range(1, 4) for c in itertools.product(*[range(len(acc[i])) for i in range(d)])]
+        for subset in itertools.combinations(nodes, n):
+            if all(c[:-1] in subset or len(c) == 1 for c in subset):
+                best = max(best, sum(map(value, subset)))
+        assert abs(sum(map(value, choices)) - best) < 1e-12
+    with pytest.raises(ValueError):
+        choices_from_accuracies([[1.5]], 2)
+
+
+def test_typical_acceptance_rule():
+    """LOSSY rule: accept while p(draft) > min(eps, delta * exp(-H(p)))."""
+    p = jnp.array([[[0.7, 0.2, 0.1], [0.34, 0.33, 0.33], [0.9, 0.05, 0.05]]])      # [1, 3, 3]
+    H = -np.sum(np.asarray(p) * np.log(np.asarray(p)), -1)
+    thr = np.minimum(0.09, 0.3 * np.exp(-H))
+    np.testing.assert_allclose(typical_threshold(p, 0.09, 0.3), thr, rtol=1e-6)
+    # draft 1 (p=0.2 > thr) accepted, draft 2 (token 2: 0.33 > thr) accepted -> n=2, next sampled from p[2]
+    n, nxt = chain_typical_lossy(jax.random.PRNGKey(0)[None], jnp.array([[1, 2]]), p, 0.09, 0.3)
+    assert int(n[0]) == 2 and 0 <= int(nxt[0]) < 3
+    low = jnp.array([[[0.96, 0.02, 0.02], [0.34, 0.33, 0.33], [0.9, 0.05, 0.05]]])   # 0.02 < thr: rejected
+    n, _ = chain_typical_lossy(jax.random.PRNGKey(0)[None], jnp.array([[1, 2]]), low, 0.09, 0.3)
+    assert int(n[0]) == 0
+    with pytest.raises(ValueError, match="only apply to acceptance_method='typical_lossy'"):
+        SpecConfig(method="medusa", num_speculative_tokens=2, posterior_threshold=0.2)
+    with pytest.raises(ValueError, match="acceptance_method must be"):
+        SpecConfig(method="medusa", num_speculative_tokens=2, acceptance_method="typical")

@@ -1,0 +1,188 @@
+"""The drafter registry, the target-exposure contract, drafter artifacts, and clear errors at the API edge."""
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import SpecConfig
+from specjax.drafters import artifacts, registry
+from specjax.drafters.base import Draft, last_tokens
+from specjax.drafters.registry import DrafterSpec, Option
+from specjax.models.llama import lm_head, rms_norm
+from conftest import ragged_prompts, tiny_model
+
+
+def test_every_builtin_method_is_registered():
+    assert {"none", "draft_model", "ngram", "predicted"} <= set(registry.methods())
+    assert "draft_model" in registry.tree_methods() and "ngram" not in registry.tree_methods()
+    with pytest.raises(ValueError, match="unknown speculative method 'medusa_typo'.*draft_model"):
+        SpecConfig(method="medusa_typo", num_speculative_tokens=2)
+
+
+def test_fields_a_method_does_not_read_are_refused():
+    with pytest.raises(ValueError, match="prompt_lookup_min is not used by method='draft_model'"):
+        SpecConfig(method="draft_model", num_speculative_tokens=2, prompt_lookup_min=2)
+    with pytest.raises(ValueError, match="method='ngram' cannot draft token trees"):
+        SpecConfig(method="ngram", num_steps=2, topk=2, num_draft_tokens=3)
+    with pytest.raises(ValueError, match="has no option 'window'"):
+        SpecConfig(method="ngram", num_speculative_tokens=2, drafter_options={"window": 3})
+
+
+# ---- a drafter defined here, outside the package: options and the target-exposure contract ---------------------
+
+SEEN = []          # what the drafter saw inside the compiled loop, sent to the host by jax.debug.callback
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProbeDrafter:
+    """Proposes copies of the last token; checks, inside the loop, that the exposed layers and weights are the
+    target's: rms_norm(last layer) @ lm_head must reproduce the target's logits at every verified node."""
+    num_tokens: int
+    target_layers: tuple = (1, 0)           # out of order on purpose: they come back in the declared order
+    target_weights: tuple = ("lm_head", "final_norm")
+    eps: float = 1e-5
+
+    def _check(self, ctx, out, where):
+        w = ctx.target_weights
+        rebuilt = lm_head({"lm_head": w["lm_head"]}, rms_norm(out.layer_hidden[0], w["final_norm"], self.eps))
+        err = jnp.max(jnp.abs(rebuilt - out.logits))
+        shapes = tuple(x.shape for x in out.layer_hidden)
+        jax.debug.callback(lambda e: SEEN.append((where, shapes, float(e))), err)
+
+    def init(self, params, ctx, target_out, sp):
+        self._check(ctx, target_out, "prefill")
+        return ()
+
+    def propose(self, params, state, ctx, keys, sp):
+        return Draft(jnp.repeat(last_tokens(ctx, 1), self.num_tokens, axis=1)), state
+
+    def commit(self, params, state, ctx, num_accepted, target_out, verified):
+        self._check(ctx, verified.out, "verify")
+        return state
+
+
+def _build_probe(req):
+    return _ProbeDrafter(req.config.k, eps=req.config.option("eps")), ()
+
+
+@pytest.fixture
+def probe_method():
+    registry.register(DrafterSpec("probe", _build_probe, options={
+        "eps": Option(1e-5, lambda v: isinstance(v, float) and v > 0, "the target's rms_norm_eps, a float > 0")}),
+        replace=True)
+    yield "probe"
+    registry.unregister("probe")
+
+
+def test_target_exposure_reaches_the_drafter(target, probe_method):
+    with pytest.raises(ValueError, match="drafter option eps=-1.0.*a float > 0"):
+        SpecConfig(method=probe_method, num_speculative_tokens=2, drafter_options={"eps": -1.0})
+    cfg = SpecConfig(method=probe_method, num_speculative_tokens=2, max_new_tokens=6,
+                     drafter_options={"eps": target.config.rms_norm_eps})
+    assert cfg.option("eps") == target.config.rms_norm_eps
+    SEEN.clear()
+    prompts = ragged_prompts(3, seed=3)
+    res = specjax.generate(target, prompts, cfg)
+    jax.effects_barrier()
+    assert res.tokens == specjax.generate(target, prompts, SpecConfig(max_new_tokens=6)).tokens
+    wheres = {w for w, _, _ in SEEN}
+    assert wheres == {"prefill", "verify"}
+    H = target.config.hidden_size
+    for where, shapes, err in SEEN:
+        assert len(shapes) == 2 and all(s[0] == 3 and s[-1] == H for s in shapes)
+        if where == "verify":
+            assert all(s[1] == 3 for s in shapes)          # k + 1 verified positions
+        assert err < 1e-4, (where, err)
+
+
+def test_forward_layer_order_and_range(target):
+    from specjax.cache import KVCache
+    from specjax.models.llama import forward
+    cfg = target.config
+    cache = KVCache.init(cfg.num_layers, 1, 8, cfg.num_kv_heads, cfg.head_dim)
+    toks = jnp.array([[1, 2, 3]], jnp.int32)
+    a = forward(target.params, cfg, toks, cache, hidden_layers=(1, 0)).layer_hidden
+    b = forward(target.params, cfg, toks, cache, hidden_layers=(0, 1)).layer_hidden
+    np.testing.assert_array_equal(a[0], b[1])
+    with pytest.raises(ValueError, match=r"hidden_layers \[5\] out of range: the model has 2 decoder layers"):
+        forward(target.params, cfg, toks, cache, hidden_layers=(5,))
+
+
+# ---- drafter= as a loaded artifact, a directory or a shipped name ---------------------------------------------
+
+def test_drafter_by_shipped_name_directory_and_model():
+    target = specjax.load_model("stdlib-target")
+    draft = specjax.load_model("stdlib-draft")
+    prompts = ["def add(a, b):\n"]
+    cfg = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=12)
+    loaded = specjax.generate(target, prompts, cfg, drafter=draft)
+    by_name = specjax.generate(target, prompts, cfg, drafter="stdlib-draft")
+    by_path = specjax.generate(target, prompts, cfg, drafter=os.path.join(artifacts.resolve("stdlib-draft")))
+    assert loaded.tokens == by_name.tokens == by_path.tokens
+    assert loaded.stats["accepted"] == by_name.stats["accepted"]
+    with pytest.raises(FileNotFoundError, match="no model directory 'no-such-draft'"):
+        specjax.generate(target, prompts, cfg, drafter="no-such-draft")
+
+
+# ---- bad input at the API edge: clear errors, never internal ones ---------------------------------------------
+
+def test_bad_generate_inputs(target):
+    with pytest.raises(ValueError, match="no prompts"):
+        specjax.generate(target, [])
+    with pytest.raises(TypeError, match="prompts must be a list.*got None"):
+        specjax.generate(target, None)
+    with pytest.raises(TypeError, match="prompt 1 must be a string or a list of token ids"):
+        specjax.generate(target, [[1, 2], 3.5])
+    with pytest.raises(ValueError, match="config has unknown fields \\['k'\\]"):
+        specjax.generate(target, [[1, 2]], {"method": "ngram", "k": 2})
+    with pytest.raises(TypeError, match="config must be a SpecConfig"):
+        specjax.generate(target, [[1, 2]], "ngram")
+    with pytest.raises(TypeError, match="model must be a specjax Model"):
+        specjax.generate(target.params, [[1, 2]])
+    with pytest.raises(ValueError, match="takes no drafter"):
+        specjax.generate(target, [[1, 2]], SpecConfig(method="ngram", num_speculative_tokens=2), drafter="x")
+    # a dict config works like the SpecConfig it names
+    res = specjax.generate(target, [[1, 2, 3]], {"method": "ngram", "num_speculative_tokens": 2,
+                                                 "max_new_tokens": 4})
+    assert len(res.tokens[0]) == 4
+
+
+# ---- drafter artifacts: one directory convention, checked against the target ----------------------------------
+
+def test_artifact_round_trip_and_target_checks(tmp_path, target):
+    tensors = {"heads.0.w": np.arange(12, dtype=np.float32).reshape(3, 4), "heads.0.b": np.ones(4, np.float32)}
+    path = tmp_path / "heads"
+    artifacts.save_artifact(path, "medusa", {"num_heads": 1}, tensors, target, "# test\n", dtype="float32")
+    cfg, loaded = artifacts.load_artifact(path, target, "medusa")
+    assert cfg == {"num_heads": 1}
+    for name, a in tensors.items():
+        np.testing.assert_array_equal(loaded[name], a)
+    with pytest.raises(ValueError, match="holds a 'medusa' drafter, not a 'eagle' one"):
+        artifacts.load_artifact(path, target, "eagle")
+    other = tiny_model(0, hidden=48, heads=4, kv_heads=2)
+    with pytest.raises(ValueError, match="trained for another target.*hidden_size: trained for 32, this target has 48"):
+        artifacts.load_artifact(path, other, "medusa")
+    other_vocab = tiny_model(0, vocab=67)
+    with pytest.raises(ValueError, match="vocab_size: trained for 61, this target has 67"):
+        artifacts.load_artifact(path, other_vocab, "medusa")
+    weights = path / artifacts.WEIGHTS_NAME
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="truncated"):
+        artifacts.load_artifact(path, target, "medusa")
+    os.remove(path / artifacts.MANIFEST_NAME)
+    with pytest.raises(FileNotFoundError, match="has no MANIFEST.md"):
+        artifacts.load_artifact(path, target, "medusa")
+    with pytest.raises(FileNotFoundError, match="no drafter directory"):
+        artifacts.load_artifact(tmp_path / "missing", target, "medusa")
+
+
+def test_artifact_vocab_hash_distinguishes_tokenizers():
+    target = specjax.load_model("stdlib-target")
+    recorded = artifacts.target_fingerprint(target)
+    assert recorded["vocab_sha256"] == artifacts.vocab_hash(specjax.load_model("stdlib-draft"))
+    with pytest.raises(ValueError, match="vocab_sha256"):
+        artifacts.check_target(dict(recorded, vocab_sha256="0" * 64), target, "x")

@@ -1,0 +1,283 @@
+"""Train an EAGLE-1 or EAGLE-3 drafter for the shipped target on its own continuations.
+
+    python -m train.eagle --kind=eagle      # -> checkpoints/stdlib-target-eagle  (ckpt runs/eagle_ckpt)
+    python -m train.eagle --kind=eagle3     # -> checkpoints/stdlib-target-eagle3 (ckpt runs/eagle3_ckpt)
+
+Data: self-distillation rows (train.self_distill: 64 corpus prompt tokens + 192 tokens the target generated, half
+greedy, half at temperature 1); only target-generated tokens are labels. The frozen target runs over every batch
+(its features are recomputed, not cached: a few MB of weights against [B, 256, H] features per row).
+
+EAGLE-1 (specjax.drafters.eagle kind "eagle"): fc(concat(embed(x_{t+1}), f_t)) + one decoder layer regressing the
+target's final normed hidden state f_{t+1}, drafting through the target's LM head. Loss (losses.eagle_loss_fn):
+reg_weight * SmoothL1(feature) + ce_weight * soft CE against the target's next-token distribution (the reference
+trainer's v_w = 1.0, p_w = 0.1), input features + U(-noise, noise) (the paper's augmentation, noise 0.1),
+teacher-forced (--ttt_steps=1). Init: fc = identity on the feature half (+ N(0, 0.02)), the layer N(0, 0.02): a fresh
+drafter passes f_t through, i.e. proposes what the target predicted one position earlier.
+
+EAGLE-3 (kind "eagle3"): fc fuses three target layers (--target_layers, default eagle.default_target_layers), a
+reduced draft vocabulary of --draft_vocab_size tokens (the most frequent target-generated tokens of the training
+rows, eagle.vocab_map_from_counts), training-time test over --ttt_steps=7 steps weighted 0.8^i, soft CE against the
+target's distribution restricted to the draft vocabulary, masked where the target's top token is outside it; no
+feature regression, no noise. Init (--warm_start): fc = identity on the highest fused layer, final norm = the
+target's, lm_head = the target's LM head columns of the draft vocabulary.
+
+Held-out metric (losses.eagle_accuracy, every eval and in the MANIFEST): the drafter unrolled --eval_steps steps on
+its own features over held-out continuations; per step the top-1 agreement with the target's argmax
+(heldout_acc<i>), the chain agreement (steps 0..i all agree, heldout_chain<i>) and heldout_accept_len = the sum of
+the chain agreements (expected accepted drafts of an eval_steps-token chain started at each position; on the greedy
+rows, heldout_accept_len_greedy, each chain is exactly what greedy verification accepts from there).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafters import eagle
+from specjax.drafters.base import target_weight
+from train import data, losses, self_distill, skeleton
+
+flags.DEFINE_enum("kind", "eagle", eagle.KINDS, "eagle: EAGLE-1/2 drafter; eagle3: EAGLE-3 drafter "
+                  "(the default --out / --ckpt_dir follow the kind)")
+flags.DEFINE_integer("draft_vocab_size", 2048, "EAGLE-3: draft vocabulary size N (most frequent target-generated "
+                     "training tokens)")
+flags.DEFINE_list("target_layers", None, "EAGLE-3: target decoder layers whose outputs are fused, low to high "
+                  "(default eagle.default_target_layers)")
+flags.DEFINE_integer("ttt_steps", None, "training-time-test steps (default: 1 = teacher forcing for eagle, 7 for "
+                     "eagle3)")
+flags.DEFINE_float("step_decay", 0.8, "loss weight of TTT step i is step_decay ** i")
+flags.DEFINE_float("noise", None, "uniform noise U(-noise, noise) on the input features (default 0.1 for eagle, "
+                   "0 for eagle3)")
+flags.DEFINE_float("reg_weight", 1.0, "EAGLE-1: weight of the feature regression (smooth L1)")
+flags.DEFINE_float("ce_weight", 0.1, "EAGLE-1: weight of the token cross-entropy (EAGLE-3's CE has weight 1)")
+flags.DEFINE_integer("draft_hidden", None, "drafter hidden size (default: the target's; EAGLE-1 must match it)")
+flags.DEFINE_integer("draft_intermediate", None, "drafter MLP size (default: the target's)")
+flags.DEFINE_integer("draft_heads", None, "drafter query heads (default: the target's)")
+flags.DEFINE_integer("draft_kv_heads", None, "drafter key/value heads (default: the target's)")
+flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identity on the feature half; EAGLE-3: fc "
+                  "identity on the top fused layer, the target's final norm and LM head columns)")
+flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
+flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
+
+RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
+             "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
+             "num_train")
+DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
+DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
+DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
+
+NOTES = """\
+{variant} drafter for {target}: one decoder layer (hidden {H}, {heads}/{kv_heads} heads, MLP {I}; {n_params:,}
+trainable parameters{own}), trained on {rows} continuations the target generated itself (train.self_distill; half
+greedy, half temperature 1; prompts from the stdlib training split), labels = target-generated tokens only.
+{loss}
+{vocab}
+Held-out ({eval_rows} continuations from held-out stdlib prompts), drafter unrolled {n} steps on its own features,
+top-1 agreement with the target's argmax per step: {acc}; chain agreement (steps 0..i all agree): {chain};
+expected accepted drafts of a {n}-token chain started at every label position: {accept:.3f} over all rows,
+{accept_g:.3f} on the greedy rows (where each chain is exactly what greedy verification would accept from that
+position). Held-out curve per eval (step: heldout_accept_len): {curve}.
+Layout: specjax artifact (eagle.save; load with specjax.generate(..., SpecConfig(method="{kind}"),
+drafter=<this dir>)), stored as bfloat16; published/ holds the same weights in the {published} layout
+(eagle.export_published: config.json + model.safetensors{pub_extra}) for engines that load those.
+"""
+
+
+def _kind_from_argv(argv) -> str:
+    for i, a in enumerate(argv):
+        if a.startswith("--kind="):
+            return a.split("=", 1)[1]
+        if a == "--kind" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "eagle"
+
+
+def drafter_config(F, target) -> eagle.EagleConfig:
+    layers = None if not F.target_layers else tuple(int(x) for x in F.target_layers)
+    kw = dict(hidden_size=F.draft_hidden, intermediate_size=F.draft_intermediate, num_heads=F.draft_heads,
+              num_kv_heads=F.draft_kv_heads)
+    if F.kind == "eagle":
+        if layers is not None:
+            raise ValueError("--target_layers is an EAGLE-3 setting (EAGLE-1 reads the final hidden state)")
+        return eagle.eagle_config(target, "eagle", **kw)
+    return eagle.eagle_config(target, "eagle3", target_layers=layers, draft_vocab_size=F.draft_vocab_size, **kw)
+
+
+def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
+    """N(0, 0.02) params (eagle.init_params); with --warm_start the EAGLE-1 fc passes the feature through and the
+    EAGLE-3 fc passes the highest fused layer through into the target's own final norm and LM head columns."""
+    tc = target.config
+    H = cfg.hidden_size
+    own_embed = H != tc.hidden_size                         # EAGLE-3 narrower than the target: its own embedding
+    params = eagle.init_params(jax.random.PRNGKey(F.seed), cfg, embed=own_embed)
+    if not F.warm_start:
+        return params
+    if own_embed:
+        raise ValueError(f"--warm_start copies the target's {tc.hidden_size}-wide weights; the drafter is {H} wide "
+                         "(pass --nowarm_start)")
+    if cfg.kind == "eagle":
+        params["fc_w"] = params["fc_w"].at[H:].add(jnp.eye(H, dtype=params["fc_w"].dtype))
+    else:
+        top = cfg.target_layers.index(max(cfg.target_layers))
+        params["fc_w"] = params["fc_w"].at[top * tc.hidden_size:(top + 1) * tc.hidden_size].add(jnp.eye(H))
+        params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
+        params["lm_head"] = jnp.asarray(target_weight(target.params, "lm_head"), jnp.float32)[
+            :, eagle.draft_to_target(d2t)]
+    return params
+
+
+def coverage(rows: np.ndarray, first: int, d2t, vocab_size: int) -> float:
+    """Share of the target-generated tokens of rows [N, R] (columns first..) inside the draft vocabulary."""
+    inside = eagle.t2d_from_d2t(d2t, vocab_size)
+    return float(inside[np.asarray(rows[:, first:], np.int64)].mean())
+
+
+def eval_curve(ckpt_dir: str) -> list[dict]:
+    """The periodic held-out evals of this run (ckpt_dir/metrics.jsonl, resumes included), in step order."""
+    path = os.path.join(ckpt_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    by_step = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "heldout_accept_len" in rec:
+                by_step[rec["step"]] = {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()
+                                        if k == "step" or k.startswith("heldout_")}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def build(run: skeleton.Run) -> skeleton.Parts:
+    F, target = run.flags, run.target
+    tcfg = target.config
+    ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
+    prompt_len = ds["meta"]["prompt_len"]
+    rows = np.load(os.path.join(ds["dir"], "train.npy"), mmap_mode="r")
+    heldout = np.asarray(ds["heldout"], np.int32)
+    n_greedy = int(round(ds["meta"]["greedy_fraction"] * len(heldout)))   # train.self_distill: greedy rows first
+    ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
+    noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
+    cfg = drafter_config(F, target)
+    is3 = cfg.kind == "eagle3"
+    d2t, cov = None, {}
+    if is3:
+        counts = np.bincount(np.asarray(rows[:, prompt_len:], np.int64).ravel(), minlength=tcfg.vocab_size)
+        d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
+        cov = {"train": coverage(rows, prompt_len, d2t, tcfg.vocab_size),
+               "heldout": coverage(heldout, prompt_len, d2t, tcfg.vocab_size)}
+    params = init_drafter(F, target, cfg, d2t)
+    loss_fn = losses.eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
+                                   reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
+    accuracy = jax.jit(lambda p, frozen, r: losses.eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
+                                                                  F.eval_steps, d2t))
+    n = F.eval_steps
+
+    def counts_over(params, subset: np.ndarray):
+        tot = [np.zeros(n), np.zeros(n), np.zeros(n), 0]
+        for start in range(0, len(subset), 32):
+            out = accuracy(params, target.params, jnp.asarray(subset[start:start + 32]))
+            for j, x in enumerate(out):
+                tot[j] = tot[j] + np.asarray(x, np.float64)
+        return tot
+
+    def evaluate(params, max_tokens: int | None = None) -> dict:
+        idx = np.arange(len(heldout))
+        if max_tokens is not None:                 # evenly spaced: greedy and sampled rows alike
+            k = min(len(heldout), max(8, max_tokens // heldout.shape[1]))
+            idx = np.unique(np.linspace(0, len(heldout) - 1, k).round().astype(int))
+        parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
+        tots = {name: counts_over(params, heldout[ix]) for name, ix in parts.items() if len(ix)}
+        hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
+        out = {f"heldout_acc{i}": float(hits[i] / max(labels[i], 1)) for i in range(n)}
+        out.update({f"heldout_chain{i}": float(chain[i] / max(chains, 1)) for i in range(n)})
+        out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
+        for name, t in tots.items():
+            out[f"heldout_accept_len_{name}"] = float(t[2].sum() / max(t[3], 1))
+        out["heldout_rows"] = int(len(idx))
+        return out
+
+    def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
+        params = jax.device_get(params)
+        weights = eagle.EagleWeights(cfg, params, d2t, os.path.basename(os.path.normpath(out_dir)))
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+        curve = eval_curve(F.ckpt_dir)
+        c = cfg.layer
+        if is3:
+            if F.target_layers:
+                layers_why = "--target_layers"
+            elif cfg.target_layers == eagle.reference_target_layers(tcfg.num_layers):
+                layers_why = "the EAGLE-3 reference's rule (1, L//2 - 1, L - 4)"
+            else:
+                layers_why = (f"eagle.default_target_layers({tcfg.num_layers}): the reference's (1, L//2 - 1, L - 4) "
+                              f"is not increasing for L = {tcfg.num_layers}, so low, middle and high layers below "
+                              "the top one")
+            loss = (f"Loss: EAGLE-3 training-time test over {ttt} steps, step i weighted {F.step_decay}^i, soft "
+                    "cross-entropy against the target's distribution restricted to the draft vocabulary "
+                    "(renormalised), masked where the target's top token is outside it; no feature regression"
+                    + (f"; input noise U(-{noise}, {noise})." if noise else "."))
+            vocab = (f"Features: the outputs of target decoder layers {list(cfg.target_layers)} of "
+                     f"{tcfg.num_layers} (chosen by {layers_why}). "
+                     f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the "
+                     f"training rows (of {tcfg.vocab_size}); they cover {cov['train']:.1%} of the target-generated "
+                     f"training tokens and {cov['heldout']:.1%} of the held-out ones.")
+        else:
+            loss = (f"Loss: {F.reg_weight} x smooth-L1 regression of the target's next final normed hidden state + "
+                    f"{F.ce_weight} x soft cross-entropy against the target's next-token distribution (drafter "
+                    f"logits through the target's LM head), input features + U(-{noise}, {noise}) noise"
+                    + (", teacher-forced." if ttt == 1 else f", training-time test over {ttt} steps weighted "
+                                                            f"{F.step_decay}^i."))
+            vocab = "Vocabulary: the target's (its embedding and LM head, not stored here)."
+        n = F.eval_steps
+        notes = NOTES.format(
+            variant="EAGLE-3" if is3 else "EAGLE-1", target=F.target, H=c.hidden_size, heads=c.num_heads,
+            kv_heads=c.num_kv_heads, I=c.intermediate_size, n_params=n_params,
+            own="" if "embed" not in params else ", own embedding", rows=len(rows), loss=loss, vocab=vocab,
+            eval_rows=record.get("heldout_rows"), n=n,
+            acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
+            chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)), accept=record["heldout_accept_len"],
+            accept_g=record.get("heldout_accept_len_greedy", float("nan")),
+            curve=", ".join(f"{r['step']}: {r['heldout_accept_len']:.3f}" for r in curve)
+            or "none (no periodic eval ran)",
+            kind=cfg.kind, published="EAGLE-3 (fc / midlayer / norm / lm_head / d2t / t2d)" if is3 else
+            "EAGLE-1 (fc / layers.0)", pub_extra=", eagle_aux_hidden_state_layer_ids" if is3 else "")
+        eagle.save(out_dir, weights, target, notes)
+        eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
+        fields = dict(self_distillation=ds["meta"], drafter_config=cfg.to_dict(), drafter_params=n_params,
+                      ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start,
+                      eval_steps=n, heldout_curve=curve, published_dir="published")
+        if is3:
+            fields.update(draft_vocab_size=cfg.draft_vocab_size, vocab_coverage=cov,
+                          target_layers=list(cfg.target_layers), target_layers_reason=layers_why)
+        else:
+            fields.update(reg_weight=F.reg_weight, ce_weight=F.ce_weight)
+        return fields, notes
+
+    return skeleton.Parts(
+        params, loss_fn, evaluate, export, batches=data.RowBatches(rows, F.batch_size, F.seed),
+        summary=f"{'EAGLE-3' if is3 else 'EAGLE-1'}: hidden {cfg.hidden_size}, TTT {ttt} step(s), noise {noise}"
+                + (f", layers {list(cfg.target_layers)}, draft vocab {cfg.draft_vocab_size} (coverage "
+                   f"{cov['train']:.3f} train / {cov['heldout']:.3f} held-out)" if is3 else "")
+                + f"; self-distillation rows {rows.shape}")
+
+
+def recipe(kind: str) -> skeleton.Recipe:
+    return skeleton.Recipe(
+        kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS,
+        defaults=dict(steps=DEFAULT_STEPS[kind], lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
+                      eval_tokens=16384, log_every=10, ckpt_dir=f"runs/{kind}_ckpt",
+                      out=f"checkpoints/stdlib-target-{kind}"))
+
+
+RECIPES = {k: recipe(k) for k in eagle.KINDS}
+RECIPE = RECIPES["eagle"]
+
+if __name__ == "__main__":
+    kind = _kind_from_argv(sys.argv[1:])
+    if kind not in RECIPES:
+        raise SystemExit(f"--kind must be one of {eagle.KINDS}, got {kind!r}")
+    skeleton.main(RECIPES[kind])

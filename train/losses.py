@@ -1,0 +1,325 @@
+"""Every training loss, as a pure function over params pytrees, plus the frozen-target forward the drafter losses read.
+
+A recipe hands train.loop a `loss_fn(params, batch, rng[, frozen]) -> (scalar loss, metrics dict)`; the factories
+here build those from a model config. Batches are int32 token windows [B, L + 1] (inputs w[:, :-1], next tokens
+w[:, 1:]). Losses with a frozen target take its params as the 4th argument `frozen` (train.loop passes them into
+the jitted step instead of closing over them, so they are neither baked into the program as constants nor
+un-sharded).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax.cache import KVCache
+from specjax.models.config import ModelConfig
+from specjax.models.llama import forward, full_logits
+
+
+class TargetFeatures(NamedTuple):
+    logits: jax.Array                  # [B, T, V] float32
+    hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
+    layers: tuple[jax.Array, ...]      # the requested decoder layers' outputs [B, T, H], in the order asked
+
+
+def frozen_target_features(params: dict, cfg: ModelConfig, tokens: jax.Array,
+                           layers: Sequence[int] = ()) -> TargetFeatures:
+    """The frozen target's full causal forward over tokens [B, T]: logits, final hidden state and the outputs of
+    decoder `layers` (negative indices count from the top, like Python's), all under stop_gradient. What Medusa
+    heads (final hidden), EAGLE-1 (final hidden + token), EAGLE-3 (low/mid/high layers) and MTP modules train on."""
+    idx = [l % cfg.num_layers if -cfg.num_layers <= l < cfg.num_layers else None for l in layers]
+    if None in idx:
+        raise ValueError(f"layers {tuple(layers)} out of range for a {cfg.num_layers}-layer target")
+    B, T = tokens.shape
+    cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["embed"].dtype)
+    unique = tuple(sorted(set(idx)))
+    out = forward(params, cfg, tokens, cache, hidden_layers=unique)
+    by_layer = dict(zip(unique, out.layer_hidden))
+    return jax.lax.stop_gradient(TargetFeatures(out.logits, out.hidden, tuple(by_layer[i] for i in idx)))
+
+
+# ------------------------------------------------------------------------------------------ language models
+
+def next_token_nll(params: dict, cfg: ModelConfig, windows: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """windows [B, L+1] -> (per-token NLL [B, L], logits [B, L, V])."""
+    logits = full_logits(params, cfg, windows[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]), logits
+
+
+def lm_loss_fn(cfg: ModelConfig) -> Callable:
+    """Next-token cross-entropy (pre-training a target from scratch)."""
+    def loss_fn(params, batch, rng):
+        del rng
+        loss = next_token_nll(params, cfg, batch)[0].mean()
+        return loss, {"ppl": jnp.exp(loss)}
+    return loss_fn
+
+
+def distill_loss_fn(draft_cfg: ModelConfig, target_cfg: ModelConfig, ce_weight: float,
+                    temperature: float) -> Callable:
+    """(1 - ce_weight) * KL(p_target || p_draft) + ce_weight * CE per token, the frozen target's logits computed on
+    the fly (caching [tokens, V] logits for a whole corpus costs more than recomputing them). Forward KL on the
+    full distribution is what speculative sampling rewards (acceptance = 1 - TV(p, q))."""
+    def loss_fn(params, batch, rng, target_params):
+        del rng
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        t_logits = frozen_target_features(target_params, target_cfg, inputs).logits / temperature
+        d_logits = full_logits(params, draft_cfg, inputs)
+        t_logp = jax.nn.log_softmax(t_logits)
+        d_logp_t = jax.nn.log_softmax(d_logits / temperature)
+        kl = jnp.sum(jnp.exp(t_logp) * (t_logp - d_logp_t), axis=-1).mean()
+        ce = optax.softmax_cross_entropy_with_integer_labels(d_logits, labels).mean()
+        agree = jnp.mean(jnp.argmax(d_logits, -1) == jnp.argmax(t_logits, -1))
+        return (1 - ce_weight) * kl + ce_weight * ce, {"kl": kl, "ce": ce, "top1_agree": agree}
+    return loss_fn
+
+
+# ------------------------------------------------------------------------- heads on frozen-target features
+# Medusa (k heads on `hidden`, head i predicting token t + i + 2), EAGLE-1/3 (one decoder layer over
+# `hidden` / fused `layers` + the next token's embedding), MTP modules: each is a factory here returning
+# loss_fn(head_params, batch, rng, target_params) that starts from frozen_target_features(...).
+
+
+def _medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label: int, decay: float):
+    """Per-head masked CE of Medusa heads on hidden [B, T, H] (T = L, inputs batch[:, :-1]): head i at position t
+    predicts batch[:, t + i + 2]; labels before index first_label (prompt tokens) and past the window are masked.
+    -> (weighted sum of head losses, per-head losses [K], per-head top-1 accuracy [K])."""
+    from specjax.drafters.medusa import head_logits
+    B, T, _ = hidden.shape
+    logits = head_logits(heads, hidden)                                   # [B, T, K, V]
+    K = logits.shape[2]
+    total, per_head, acc = 0.0, [], []
+    for i in range(K):
+        label_at = jnp.arange(T) + i + 2                                   # index into batch [L + 1]
+        valid = (label_at <= T) & (label_at >= first_label)                # [T]
+        labels = jnp.take(batch, jnp.minimum(label_at, T), axis=1)         # [B, T]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, :, i], labels)
+        w = jnp.broadcast_to(valid, ce.shape).astype(jnp.float32)
+        li = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+        per_head.append(li)
+        acc.append(jnp.sum((jnp.argmax(logits[:, :, i], -1) == labels) * w) / jnp.maximum(jnp.sum(w), 1.0))
+        total = total + decay ** i * li
+    return total, jnp.stack(per_head), jnp.stack(acc)
+
+
+def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool = False, kl_weight: float = 1.0,
+                   heads_weight: float = 1.0) -> Callable:
+    """Medusa-1 (joint=False): params are the heads; the frozen target's final hidden state feeds them.
+    Medusa-2 (joint=True): params = {"heads", "target"}; the trained target's hidden state feeds the heads and
+    kl_weight * KL(p_frozen_original || p_trained) keeps its next-token distribution, heads_weight scales the
+    heads' loss (Medusa's lambda_0). batch [B, L + 1]: rows of target-generated text; labels before index
+    first_label (the corpus prompt) are not trained on."""
+    def loss_fn(params, batch, rng, target_params):
+        del rng
+        inputs = batch[:, :-1]
+        if not joint:
+            hidden = frozen_target_features(target_params, cfg, inputs).hidden
+            loss, per_head, acc = _medusa_terms(params, hidden, batch, first_label, decay)
+            return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
+                          **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
+        original = frozen_target_features(target_params, cfg, inputs).logits
+        B, T = inputs.shape
+        cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["target"]["embed"].dtype)
+        out = forward(params["target"], cfg, inputs, cache)
+        heads_loss, per_head, acc = _medusa_terms(params["heads"], out.hidden, batch, first_label, decay)
+        logp0 = jax.nn.log_softmax(original)
+        kl = jnp.sum(jnp.exp(logp0) * (logp0 - jax.nn.log_softmax(out.logits)), -1).mean()
+        return kl_weight * kl + heads_weight * heads_loss, {
+            "kl": kl, **{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
+            **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
+    return loss_fn
+
+
+def medusa_accuracy(heads: dict, target_params: dict, cfg: ModelConfig, rows: jax.Array, first_label: int,
+                    topk: int = 5) -> tuple[jax.Array, jax.Array]:
+    """Held-out accuracy counts: rows [B, L + 1] -> (hits [K, topk] = labels within each head's top-1..top-k,
+    valid labels [K]); divide for cumulative top-k accuracy."""
+    from specjax.drafters.medusa import head_logits
+    inputs = rows[:, :-1]
+    hidden = frozen_target_features(target_params, cfg, inputs).hidden
+    logits = head_logits(heads, hidden)                                   # [B, T, K, V]
+    B, T, K, _ = logits.shape
+    hits, counts = [], []
+    for i in range(K):
+        label_at = jnp.arange(T) + i + 2
+        valid = (label_at <= T) & (label_at >= first_label)
+        labels = jnp.take(rows, jnp.minimum(label_at, T), axis=1)         # [B, T]
+        lg = logits[:, :, i]                                               # [B, T, V]
+        # The label's rank = how many tokens score strictly higher (a sort-free top-k test; ties favour it).
+        label_logit = jnp.take_along_axis(lg, labels[..., None], -1)
+        rank = jnp.sum(lg > label_logit, -1)                              # [B, T]
+        within = rank[..., None] < jnp.arange(1, topk + 1)                # [B, T, topk] hit within top-1..top-k
+        w = jnp.broadcast_to(valid, labels.shape)
+        hits.append(jnp.sum(within * w[..., None], axis=(0, 1)))
+        counts.append(jnp.sum(w))
+    return jnp.stack(hits), jnp.stack(counts)
+
+
+# ---------------------------------------------------------------------------------------------------- EAGLE
+# Rows [B, R] (R = prompt + target-generated tokens). The frozen target runs over the whole row: features f_0..f_{R-1}
+# (EAGLE-1: the final normed hidden state; EAGLE-3: the outputs of config.target_layers) and logits z_0..z_{R-1}
+# (z_p predicts token p + 1). The drafter runs over T = R - 1 entries, entry t = (embed(x_{t+1}), f_t)
+# (specjax.drafters.eagle.forward_sequence's alignment). Step i of an unrolled drafter (ttt_forward) at index t
+# regresses f_{t+i+1} and predicts token x_{t+i+2}, whose target distribution is softmax(z_{t+i+1}); so step i's
+# outputs [:, :T - i] line up with the target's arrays [:, i + 1:] (no padding needed). A label counts when the token
+# it predicts is target-generated (t + i + 2 >= first_label; the last index predicts the token after the row, which
+# the target's distribution there still describes).
+
+
+def _smooth_l1(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Smooth L1 (Huber, beta 1) averaged over the feature dim: [..., H] -> [...]."""
+    d = jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))
+    return jnp.mean(jnp.where(d < 1.0, 0.5 * d * d, d - 0.5), axis=-1)
+
+
+def _soft_ce(logits: jax.Array, probs: jax.Array) -> jax.Array:
+    """-sum_v p_v log softmax(logits)_v: [..., V] -> [...]."""
+    return -jnp.sum(probs * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
+
+
+def _masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:
+    w = w.astype(jnp.float32)
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def _eagle_target_weights(config, target_params: dict) -> dict:
+    from specjax.drafters.base import target_weight
+    names = ("embed", "lm_head") if config.kind == "eagle" else ("embed",)
+    return {n: target_weight(target_params, n) for n in names}
+
+
+def _eagle_features(tf: TargetFeatures, config):
+    """The drafter's feature input from the target's forward over rows: EAGLE-1 the final normed hidden state
+    [B, R, H], EAGLE-3 the tuple of config.target_layers outputs."""
+    return tf.hidden if config.kind == "eagle" else tuple(tf.layers)
+
+
+def _eagle_unroll(params: dict, config, rows: jax.Array, feats, num_steps: int, target_weights: dict):
+    """Drafter over rows [B, R] with the target's features of every position (a [B, R, H] array or a tuple of them;
+    positions 0..R-2 are read) -> (hidden [n, B, T, H], logits [n, B, T, V|N]), T = R - 1."""
+    from specjax.drafters import eagle
+    tokens = rows[:, 1:]
+    if isinstance(feats, (tuple, list)):
+        feats = tuple(f[:, :-1] for f in feats)
+    else:
+        feats = feats[:, :-1]
+    if num_steps == 1:
+        hidden, logits = eagle.forward_sequence(params, config, tokens, feats, target_weights)
+        return hidden[None], logits[None]
+    return eagle.ttt_forward(params, config, tokens, feats, num_steps, target_weights)
+
+
+def _eagle_steps(params: dict, config, tf: TargetFeatures, rows: jax.Array, feats, num_steps: int,
+                 target_weights: dict, first_label: int, draft_ids, in_vocab):
+    """Per-step aligned pieces: yields (i, drafter hidden [B, Ti, H], drafter logits [B, Ti, V|N], target feature
+    [B, Ti, H], target logits [B, Ti, V], label mask [B, Ti] (target-generated token; EAGLE-3: and the target's
+    top token inside the draft vocabulary), drafter top token as a target id [B, Ti], target top token [B, Ti])."""
+    hidden, logits = _eagle_unroll(params, config, rows, feats, num_steps, target_weights)
+    T = rows.shape[1] - 1
+    for i in range(num_steps):
+        Ti = T - i
+        z = tf.logits[:, i + 1:]
+        top = jnp.argmax(z, -1)
+        valid = jnp.broadcast_to(jnp.arange(Ti) + i + 2 >= first_label, top.shape)
+        lg = logits[i, :, :Ti]
+        pred = jnp.argmax(lg, -1)
+        if draft_ids is not None:
+            pred = draft_ids[pred]
+            valid = valid & in_vocab[top]
+        yield i, hidden[i, :, :Ti], lg, tf.hidden[:, i + 1:], z, valid, pred, top
+
+
+def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_steps: int = 1,
+                  step_decay: float = 0.8, reg_weight: float = 1.0, ce_weight: float = 0.1, noise: float = 0.1,
+                  d2t=None) -> Callable:
+    """EAGLE drafter loss, loss_fn(params, batch, rng, target_params) -> (loss, metrics); batch = rows [B, R] of
+    target-generated text (labels before index first_label, the corpus prompt, are not trained on).
+
+    EAGLE-1 (config.kind "eagle"; the reference's weights v_w = 1.0, p_w = 0.1): per step
+        reg_weight * SmoothL1(h_t, f_{t+1}) (mean over the feature dim) + ce_weight * CE(softmax(z_{t+1}), drafter
+        logits through the target's LM head) -- soft cross-entropy against the target's full next-token
+        distribution, as the reference trainer (its target_p = softmax(head(target feature))).
+        Input noise: U(-noise, noise) added to every input feature (the paper's data augmentation; the reference's
+        uniform noise of width 0.2 at 512 tokens); none on the regression targets.
+    EAGLE-3 (kind "eagle3"; d2t the draft vocabulary map, required): no feature regression; per step a soft CE
+        against the target's distribution restricted to the draft vocabulary (softmax of z gathered at the draft
+        vocab's target ids, i.e. the target's probabilities there renormalised), masked where the target's top
+        token is outside the draft vocabulary (the reference's position_mask); noise as above (default 0 for it).
+    num_steps > 1: the training-time test (specjax.drafters.eagle.ttt_forward: step i feeds step i-1's output back
+    with ground-truth token embeddings); total = sum_i step_decay**i * loss_i (EAGLE-3's 0.8**i over 7 steps).
+    Every per-step term is a mean over its valid labels. Metrics per step: loss, ce, (reg), top-1 agreement of the
+    drafter's argmax with the target's; EAGLE-3 also in_vocab = share of labels whose target top token is drafted.
+    """
+    from specjax.drafters import eagle
+    is3 = config.kind == "eagle3"
+    if is3 and d2t is None:
+        raise ValueError("an EAGLE-3 loss needs the draft vocabulary map d2t")
+    draft_ids = jnp.asarray(eagle.draft_to_target(d2t), jnp.int32) if is3 else None
+    in_vocab = jnp.asarray(eagle.t2d_from_d2t(d2t, config.vocab_size)) if is3 else None
+    layers = config.target_layers if is3 else ()
+
+    def loss_fn(params, batch, rng, target_params):
+        tw = _eagle_target_weights(config, target_params)
+        tf = frozen_target_features(target_params, target_cfg, batch, layers)
+        feats = _eagle_features(tf, config)
+        if noise:
+            if is3:
+                keys = jax.random.split(rng, len(feats))
+                feats = tuple(f + jax.random.uniform(k, f.shape, f.dtype, -noise, noise) for f, k in zip(feats, keys))
+            else:
+                feats = feats + jax.random.uniform(rng, feats.shape, feats.dtype, -noise, noise)
+        total, metrics = 0.0, {}
+        for i, h, lg, f_next, z, valid, pred, top in _eagle_steps(params, config, tf, batch, feats, num_steps, tw,
+                                                                  first_label, draft_ids, in_vocab):
+            if is3:
+                ce = _masked_mean(_soft_ce(lg, jax.nn.softmax(z[..., draft_ids])), valid)
+                step_loss = ce
+                gen = jnp.broadcast_to(jnp.arange(valid.shape[1]) + i + 2 >= first_label, valid.shape)
+                metrics[f"in_vocab{i}"] = _masked_mean(in_vocab[top], gen)
+            else:
+                ce = _masked_mean(_soft_ce(lg, jax.nn.softmax(z)), valid)
+                reg = _masked_mean(_smooth_l1(h, f_next), valid)
+                step_loss = reg_weight * reg + ce_weight * ce
+                metrics[f"reg{i}"] = reg
+            metrics[f"ce{i}"] = ce
+            metrics[f"acc{i}"] = _masked_mean(pred == top, valid)
+            total = total + step_decay ** i * step_loss
+        return total, metrics
+    return loss_fn
+
+
+def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config, rows: jax.Array,
+                   first_label: int, num_steps: int = 4, d2t=None) -> tuple[jax.Array, jax.Array, jax.Array,
+                                                                            jax.Array]:
+    """Held-out acceptance proxy counts of a drafter unrolled num_steps steps on its own outputs (step 0
+    teacher-forced, steps i > 0 via ttt_forward; token inputs are the row's tokens), no noise.
+
+    Step i at index t drafts token t + i + 2 from the real features of positions 0..t; a hit is the drafter's top
+    token (EAGLE-3: mapped to its target id) equal to the target's top token there. Returns
+    (hits [n], labels [n]) per step over target-generated labels -- marginal per-step top-1 agreement -- and
+    (chain_hits [n], chains) over chain starts t whose n labels are all target-generated: chain_hits[i] counts
+    starts where steps 0..i ALL agree (on rows decoded greedily this is exactly greedy acceptance of an n-token
+    chain; sum_i chain_hits[i] / chains = expected accepted drafts per step)."""
+    from specjax.drafters import eagle
+    is3 = config.kind == "eagle3"
+    draft_ids = jnp.asarray(eagle.draft_to_target(d2t), jnp.int32) if is3 else None
+    in_vocab = jnp.asarray(eagle.t2d_from_d2t(d2t, config.vocab_size)) if is3 else None
+    tw = _eagle_target_weights(config, target_params)
+    tf = frozen_target_features(target_params, target_cfg, rows, config.target_layers if is3 else ())
+    feats = _eagle_features(tf, config)
+    B, T = rows.shape[0], rows.shape[1] - 1
+    Tc = T - num_steps + 1                             # chain starts whose every step stays inside the row
+    chain_valid = jnp.broadcast_to(jnp.arange(Tc) + 2 >= first_label, (B, Tc))
+    hits, counts, chain_hits, all_ok = [], [], [], jnp.ones((B, Tc), bool)
+    for i, _, _, _, _, _, pred, top in _eagle_steps(params, config, tf, rows, feats, num_steps, tw, first_label,
+                                                    draft_ids, in_vocab):
+        ok = pred == top                              # EAGLE-3: a target top token outside the vocab is a miss
+        valid = jnp.broadcast_to(jnp.arange(T - i) + i + 2 >= first_label, ok.shape)
+        hits.append(jnp.sum(ok & valid))
+        counts.append(jnp.sum(valid))
+        all_ok = all_ok & ok[:, :Tc]
+        chain_hits.append(jnp.sum(all_ok & chain_valid))
+    return jnp.stack(hits), jnp.stack(counts), jnp.stack(chain_hits), jnp.sum(chain_valid)

@@ -1,0 +1,139 @@
+"""Train Medusa heads for the shipped target on its own continuations; export checkpoints/stdlib-target-medusa.
+
+    python -m train.medusa                                  # Medusa-1: target frozen, heads only
+    python -m train.medusa --medusa2 --init_heads=checkpoints/stdlib-target-medusa \
+        --out=checkpoints/stdlib-target-medusa2 --ckpt_dir=runs/medusa2_ckpt --lr=3e-4
+
+Data: self-distillation (train.self_distill: continuations the target generates from stdlib prompts, half greedy,
+half at temperature 1), built and cached under data/ on first use. Head i at position t predicts the token at
+t + i + 2 (the token after the one the target's own LM head predicts); only target-generated tokens are labels.
+Loss: sum_i decay^i CE_i (Medusa's lambda_i = 0.8^i). Medusa-1 starts every ResBlock at zero and every projection
+at the target's LM head (a fresh head predicts what the target predicts). Medusa-2 trains the target jointly,
+with KL(original target || trained target) on the same tokens in the objective so the target's distribution holds,
+and ships the trained target beside its heads (its held-out bits per byte is in the MANIFEST).
+"""
+from __future__ import annotations
+
+import os
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafters import medusa
+from specjax.drafters.base import target_weight
+from train import data, loop, losses, self_distill, skeleton
+
+flags.DEFINE_integer("num_heads", 4, "Medusa heads (head i drafts the token i + 1 after the bonus token)")
+flags.DEFINE_integer("num_layers", 1, "ResBlocks per head")
+flags.DEFINE_enum("layout", "per_head", medusa.LAYOUTS, "per_head: one LM head per Medusa head (the paper's); "
+                  "shared: every head's hidden state through ONE projection")
+flags.DEFINE_float("head_decay", 0.8, "loss weight of head i is head_decay ** i")
+flags.DEFINE_bool("medusa2", False, "train the target jointly with the heads (Medusa-2)")
+flags.DEFINE_float("kl_weight", 1.0, "Medusa-2: weight of KL(original target || trained target)")
+flags.DEFINE_float("heads_weight", 1.0, "Medusa-2: weight of the heads' loss (lambda_0)")
+flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
+flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
+
+NOTES = """\
+Medusa heads for {target} ({variant}): {K} heads x {R} ResBlock(s), layout {layout} ({n_params:,} parameters),
+trained on {rows} continuations the target generated itself (train.self_distill; half greedy, half temperature 1;
+prompts from the stdlib training split), labels = target-generated tokens only. Head i predicts the token i + 1
+after the bonus token; loss sum_i {decay}^i CE_i.{medusa2} Stored as bfloat16.
+
+Held-out accuracy (continuations from held-out stdlib prompts), per head top-1 / top-5: {acc}.
+"""
+
+
+def heads_of(params):
+    return params["heads"] if "heads" in params else params
+
+
+def build(run: skeleton.Run) -> skeleton.Parts:
+    F, target = run.flags, run.target
+    cfg = target.config
+    ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
+    prompt_len = ds["meta"]["prompt_len"]
+    if F.init_heads:
+        loaded = medusa.load_heads(F.init_heads, target)
+        heads = loaded.params
+        if (loaded.num_heads, loaded.num_layers, loaded.layout) != (F.num_heads, F.num_layers, F.layout):
+            raise ValueError(f"--init_heads {F.init_heads} has {loaded.num_heads} heads x {loaded.num_layers} "
+                             f"layers ({loaded.layout}); the flags ask for {F.num_heads} x {F.num_layers} ({F.layout})")
+    else:
+        heads = medusa.init_heads(None, F.num_heads, F.num_layers, target_weight(target.params, "lm_head"), F.layout)
+    params = {"heads": heads, "target": target.params} if F.medusa2 else heads
+    loss_fn = losses.medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
+                                    heads_weight=F.heads_weight)
+    accuracy = jax.jit(lambda p, frozen, rows: losses.medusa_accuracy(
+        heads_of(p), p["target"] if F.medusa2 else frozen, cfg, rows, prompt_len, topk=5))
+    lm_eval = skeleton.make_evaluator(cfg, run.corpus, 256) if F.medusa2 else None
+
+    def head_accuracy(params, rows: np.ndarray) -> np.ndarray:
+        hits, total = 0, 0
+        for start in range(0, len(rows), 32):
+            h, n = accuracy(params, target.params, jnp.asarray(rows[start:start + 32]))
+            hits, total = hits + np.asarray(h), total + np.asarray(n)
+        return hits / np.maximum(total, 1)[:, None]                 # [K, topk] cumulative top-k accuracy
+
+    def evaluate(params, max_tokens: int | None = None) -> dict:
+        """Held-out per-head top-1 / top-5 accuracy, separately on the greedy continuations (what temperature-0
+        decoding verifies) and on the temperature-1 ones (self_distill puts the greedy rows first)."""
+        rows = np.asarray(ds["heldout"], np.int32)
+        n_greedy = int(round(ds["meta"]["greedy_fraction"] * len(rows)))
+        per_split = len(rows) if max_tokens is None else max(8, max_tokens // rows.shape[1] // 2)
+        out = {}
+        for suffix, part in (("", rows[:n_greedy]), ("_t1", rows[n_greedy:])):
+            if len(part):
+                acc = head_accuracy(params, part[:per_split])
+                if max_tokens is None:          # the full curve, for trees built from measured accuracies
+                    out[f"topk_accuracy{suffix}"] = acc.round(4).tolist()
+                out.update({f"head{i}_top1{suffix}": float(acc[i, 0]) for i in range(F.num_heads)})
+                out.update({f"head{i}_top5{suffix}": float(acc[i, 4]) for i in range(F.num_heads)})
+        if lm_eval is not None:
+            out.update({f"target_{k}": v for k, v in lm_eval(params["target"], max_tokens).items()})
+        return out
+
+    def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
+        params = jax.device_get(params)
+        heads_dir = out_dir
+        fields = {}
+        if F.medusa2:                     # the trained target ships beside its heads, which are trained for it
+            fields.update(skeleton.save_lm(params["target"], cfg, out_dir, run.corpus))
+            heads_dir = os.path.join(out_dir, "medusa_heads")
+        acc = "; ".join(f"head {i}: {record[f'head{i}_top1']:.3f} / {record[f'head{i}_top5']:.3f} (greedy), "
+                        f"{record[f'head{i}_top1_t1']:.3f} / {record[f'head{i}_top5_t1']:.3f} (T=1)"
+                        for i in range(F.num_heads))
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(heads_of(params)))
+        m2 = ("" if not F.medusa2 else f" Medusa-2: the target was trained jointly (KL weight {F.kl_weight}, heads "
+              f"weight {F.heads_weight}); this directory is that target (HF format) and medusa_heads/ its heads.")
+        notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
+                             R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(ds["train"]),
+                             decay=F.head_decay, medusa2=m2, acc=acc)
+        medusa.save_heads(heads_dir, medusa.MedusaHeads(F.num_heads, F.num_layers, F.layout, heads_of(params)),
+                          target, notes)      # the fingerprint (sizes, vocabulary) is the same for Medusa-2
+        fields.update(tree_rank_accuracy=medusa.rank_accuracy(record["topk_accuracy"]),
+                      self_distillation=ds["meta"], num_heads=F.num_heads, num_layers=F.num_layers,
+                      layout=F.layout, head_params=n_params, medusa2=F.medusa2)
+        return fields, notes
+
+    rows = np.load(os.path.join(ds["dir"], "train.npy"), mmap_mode="r")
+    return skeleton.Parts(
+        params, loss_fn, evaluate, export, batches=data.RowBatches(rows, F.batch_size, F.seed),
+        spec_fn=lambda tree, mesh: loop.default_specs(tree, mesh) if not F.medusa2 else
+        {"heads": loop.default_specs(tree["heads"], mesh),
+         "target": loop.default_specs(tree["target"], mesh)},
+        summary=f"{'Medusa-2' if F.medusa2 else 'Medusa-1'}: {F.num_heads} heads x {F.num_layers} layers, "
+                f"{F.layout}; self-distillation rows {rows.shape}")
+
+
+RECIPE = skeleton.Recipe(
+    "medusa", build, frozen_target="checkpoints/stdlib-target",
+    run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
+               "init_heads", "num_train"),
+    defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=20, weight_decay=0.0, eval_every=100,
+                  eval_tokens=32768, ckpt_dir="runs/medusa_ckpt", out="checkpoints/stdlib-target-medusa"))
+
+if __name__ == "__main__":
+    skeleton.main(RECIPE)

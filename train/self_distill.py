@@ -1,0 +1,122 @@
+"""Self-distillation data for drafter heads: continuations the target itself generates from corpus prompts.
+
+    python -m train.self_distill --target=checkpoints/stdlib-target            # cached under data/selfdistill/
+
+Medusa, EAGLE and MTP heads learn to predict what the TARGET will say, not what the corpus says (the papers
+call the target to regenerate their training responses). Prompts are windows of the stdlib corpus (training
+split for training data, held-out split for evaluation); each continuation is decoded by specjax.generate in
+batches, greedy for a fraction of the prompts and sampled at temperature 1 for the rest, so heads see both
+the greedy path (what temperature-0 decoding verifies) and the spread of the target's distribution.
+
+Output: data/selfdistill/<key>/{train,heldout}.npy, uint16 [N, prompt_len + new_tokens], plus meta.json. The key
+hashes the target's weights file and every setting, so another target or setting never reuses stale data.
+Generation runs in chunks that are saved as they finish: an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import numpy as np
+
+DEFAULT_DIR = os.path.join("data", "selfdistill")
+
+
+def dataset_key(target_path: str, settings: dict) -> str:
+    h = hashlib.sha256()
+    with open(os.path.join(target_path, "model.safetensors"), "rb") as f:
+        h.update(hashlib.sha256(f.read()).digest())
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def corpus_prompts(tokens: np.ndarray, n: int, prompt_len: int, seed: int) -> np.ndarray:
+    """n windows of prompt_len tokens at seeded random offsets of a token stream -> [n, prompt_len]."""
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(tokens) - prompt_len, n)
+    return np.stack([np.asarray(tokens[s:s + prompt_len], np.int64) for s in starts])
+
+
+def generate_split(target, prompts: np.ndarray, new_tokens: int, greedy_fraction: float, batch: int,
+                   seed: int, chunk_dir: str, log=print) -> np.ndarray:
+    """Continue every prompt with the target -> [N, P + new_tokens] uint16. Chunks of `batch` rows are saved
+    to chunk_dir as they finish and reused on a rerun."""
+    import specjax
+    from specjax import SpecConfig
+    os.makedirs(chunk_dir, exist_ok=True)
+    n, p = prompts.shape
+    rows = []
+    t0 = time.time()
+    for c, start in enumerate(range(0, n, batch)):
+        path = os.path.join(chunk_dir, f"chunk{c:05d}.npy")
+        if os.path.exists(path):
+            rows.append(np.load(path))
+            continue
+        block = prompts[start:start + batch]
+        greedy = start < int(round(greedy_fraction * n))      # the first part of the prompts is greedy
+        cfg = SpecConfig(max_new_tokens=new_tokens, stop_at_eos=False, temperature=0.0 if greedy else 1.0)
+        res = specjax.generate(target, block.tolist(), cfg, seed=seed, request_ids=list(range(start, start + len(block))))
+        out = np.concatenate([block, np.asarray(res.tokens)], axis=1).astype(np.uint16)
+        np.save(path + ".tmp.npy", out)
+        os.replace(path + ".tmp.npy", path)
+        rows.append(out)
+        done = start + len(block)
+        log(f"[self_distill] {chunk_dir}: {done}/{n} sequences ({'greedy' if greedy else 'T=1'}), "
+            f"{done * new_tokens / (time.time() - t0):.0f} generated tokens/s")
+    return np.concatenate(rows)
+
+
+def build(target_path: str, data_dir: str = DEFAULT_DIR, num_train: int = 4096, num_heldout: int = 256,
+          prompt_len: int = 64, new_tokens: int = 192, greedy_fraction: float = 0.5, batch: int = 64,
+          seed: int = 0, corpus_dir: str | None = None, max_files: int | None = None, log=print) -> dict:
+    """Build (or reuse) the dataset -> {"train": [N, L] uint16, "heldout": [M, L] uint16, "meta": dict, "dir"}."""
+    import specjax
+    from train import data
+    settings = dict(num_train=num_train, num_heldout=num_heldout, prompt_len=prompt_len, new_tokens=new_tokens,
+                    greedy_fraction=greedy_fraction, seed=seed, max_files=max_files, v=1)
+    out_dir = os.path.join(data_dir, dataset_key(target_path, settings))
+    meta_path = os.path.join(out_dir, "meta.json")
+    if not os.path.exists(meta_path):
+        corpus = data.prepare_corpus(corpus_dir or data.DEFAULT_DATA_DIR, max_files=max_files,
+                                     tokenizer_path=os.path.join(target_path, "tokenizer.json"))
+        target = specjax.load_model(target_path)
+        splits = {}
+        for split, stream, n, s in (("heldout", corpus.heldout, num_heldout, seed + 1),
+                                    ("train", corpus.train, num_train, seed)):
+            prompts = corpus_prompts(stream, n, prompt_len, s)
+            splits[split] = generate_split(target, prompts, new_tokens, greedy_fraction, batch, s,
+                                           os.path.join(out_dir, f"{split}_chunks"), log)
+            np.save(os.path.join(out_dir, f"{split}.npy"), splits[split])
+        meta = dict(settings, target=os.path.normpath(target_path), corpus_manifest=corpus.manifest,
+                    created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=1)
+    with open(meta_path) as f:
+        meta = json.load(f)
+    return {"train": np.load(os.path.join(out_dir, "train.npy"), mmap_mode="r"),
+            "heldout": np.load(os.path.join(out_dir, "heldout.npy"), mmap_mode="r"), "meta": meta, "dir": out_dir}
+
+
+def main(argv) -> None:
+    from absl import flags
+    F = flags.FLAGS
+    res = build(F.target, F.data_dir, F.num_train, F.num_heldout, F.prompt_len, F.new_tokens, F.greedy_fraction,
+                F.batch, F.seed, max_files=F.max_files)
+    print(f"[self_distill] {res['dir']}: train {res['train'].shape}, heldout {res['heldout'].shape}")
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory")
+    flags.DEFINE_string("data_dir", DEFAULT_DIR, "where datasets are cached (gitignored)")
+    flags.DEFINE_integer("num_train", 4096, "training continuations")
+    flags.DEFINE_integer("num_heldout", 256, "held-out continuations (prompts from the held-out files)")
+    flags.DEFINE_integer("prompt_len", 64, "corpus tokens per prompt")
+    flags.DEFINE_integer("new_tokens", 192, "tokens the target generates per prompt")
+    flags.DEFINE_float("greedy_fraction", 0.5, "share of prompts decoded greedily (the rest at temperature 1)")
+    flags.DEFINE_integer("batch", 64, "prompts per generate() call")
+    flags.DEFINE_integer("seed", 0, "prompt offsets and sampling seed")
+    flags.DEFINE_integer("max_files", None, "stdlib file subset (tests)")
+    app.run(main)
