@@ -75,6 +75,10 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
 
     def one(i, params, state, tokens, exposed):
         ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed)
+        # Head drafters (Medusa, EAGLE) read only their state, not the tokens: make the state depend on i too (a
+        # perturbation below float32 resolution of O(1) values), or XLA hoists the whole proposal out of the loop.
+        state = jax.tree_util.tree_map(
+            lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
         return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
     return _per_call_seconds(one, (draft_params, state, tokens, exposed), inner, reps)
@@ -94,7 +98,8 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
 
     def one(i, params, tokens, prefill, exposed):
-        ctx = Context(tokens.at[:, 0].set(i % cfg.vocab_size), lengths + 1, lengths, exposed)
+        # positions 0 and 1 both vary: a drafter that reads tokens from 1 on (EAGLE) must not be hoisted either
+        ctx = Context(tokens.at[:, :2].set(i % cfg.vocab_size), lengths + 1, lengths, exposed)
         leaves = jax.tree_util.tree_leaves(drafter.init(params, ctx, prefill, sp))
         return sum((x.ravel()[-1].astype(jnp.float32) for x in leaves), jnp.float32(0))
 

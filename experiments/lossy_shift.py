@@ -39,7 +39,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target model")
 flags.DEFINE_string("method", "medusa", "speculative method whose acceptance rules are compared")
 flags.DEFINE_list("drafters", ["medusa=stdlib-target-medusa"], "method=artifact pairs")
-flags.DEFINE_string("tree", "medusa63", "'medusa63', 'chain<k>' or '' (num_speculative_tokens=--k)")
+flags.DEFINE_string("tree", "acc16", "'acc<N>' (Medusa: N nodes from measured accuracies), 'medusa63', 'chain<k>' "
+                    "or '' (num_speculative_tokens=--k)")
 flags.DEFINE_integer("k", 4, "chain length when --tree is chain")
 flags.DEFINE_float("temperature", 1.0, "sampling temperature (typical acceptance only matters above 0)")
 flags.DEFINE_float("posterior_threshold", 0.09, "typical acceptance epsilon")
@@ -56,9 +57,16 @@ flags.DEFINE_string("out", "runs/lossy_shift.json", "where the numbers are writt
 
 def configs() -> dict[str, SpecConfig]:
     from specjax.trees import MEDUSA_63
-    shape = (dict(tree_choices=MEDUSA_63) if FLAGS.tree == "medusa63" else
-             dict(num_speculative_tokens=int(FLAGS.tree[5:])) if FLAGS.tree.startswith("chain") else
-             dict(num_speculative_tokens=FLAGS.k))
+    artifact = dict(e.split("=", 1) for e in FLAGS.drafters).get(FLAGS.method)
+    if FLAGS.tree.startswith("acc"):           # the tree the heads' measured accuracies favour (Medusa)
+        from specjax.drafters.medusa import accuracy_tree
+        shape = dict(tree_choices=accuracy_tree(artifact, int(FLAGS.tree[3:])))
+    elif FLAGS.tree == "medusa63":
+        shape = dict(tree_choices=MEDUSA_63)
+    elif FLAGS.tree.startswith("chain"):
+        shape = dict(num_speculative_tokens=int(FLAGS.tree[5:]))
+    else:
+        shape = dict(num_speculative_tokens=FLAGS.k)
     common = dict(temperature=FLAGS.temperature, stop_at_eos=False)
     return {"plain": SpecConfig(**common),
             "exact": SpecConfig(method=FLAGS.method, **shape, **common),

@@ -236,16 +236,16 @@ def main(argv):
                             exact=exact if FLAGS.temperature == 0 else "n/a"))
         print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} {name}: tau {st['tau']:.2f}, per-position acceptance "
               f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
+        if FLAGS.out:                       # after every row, so a crash later loses nothing measured
+            os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+            with open(FLAGS.out, "w") as f:
+                json.dump({"flags": {k: FLAGS[k].value for k in ("runs", "num_prompts", "max_new_tokens",
+                                                                "temperature", "repeats", "drafters", "seed")},
+                           "rows": records}, f, indent=1)
         rows.append((pset, name, k, st["alpha"], alpha_fit, st["tau"],
                      st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
                      exact if FLAGS.temperature == 0 else "n/a", plain_ms, t1 * 1e3, step_ms, (tp + tv) * 1e3))
 
-    if FLAGS.out:
-        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump({"flags": {k: FLAGS[k].value for k in ("runs", "num_prompts", "max_new_tokens", "temperature",
-                                                            "repeats", "drafters", "seed")}, "rows": records}, f,
-                      indent=1)
     print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau; c = draft cost per token "
           "/ target decode step; vcost = (k+1)-position verify / 1-position decode; predicted = "
           "(1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit")

@@ -27,7 +27,7 @@ from train import data, loop, losses, self_distill, skeleton
 
 flags.DEFINE_integer("num_heads", 4, "Medusa heads (head i drafts the token i + 1 after the bonus token)")
 flags.DEFINE_integer("num_layers", 1, "ResBlocks per head")
-flags.DEFINE_enum("layout", "per_head", medusa.LAYOUTS, "per_head: one LM head per Medusa head (the paper's); "
+flags.DEFINE_enum("layout", "shared", medusa.LAYOUTS, "per_head: one LM head per Medusa head (the paper's); "
                   "shared: every head's hidden state through ONE projection")
 flags.DEFINE_float("head_decay", 0.8, "loss weight of head i is head_decay ** i")
 flags.DEFINE_bool("medusa2", False, "train the target jointly with the heads (Medusa-2)")

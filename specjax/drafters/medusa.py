@@ -225,6 +225,8 @@ def accuracy_tree(path_or_name: str | os.PathLike, num_nodes: int) -> tuple:
     from specjax.trees import choices_from_accuracies
     path = artifacts.resolve(path_or_name)
     record = artifacts.read_manifest_record(path)
+    if "tree_rank_accuracy" not in record:        # Medusa-2 heads ship inside their target's directory
+        record = artifacts.read_manifest_record(os.path.dirname(os.path.normpath(path)))
     if "tree_rank_accuracy" not in record:
         raise ValueError(f"{path}/MANIFEST.md records no tree_rank_accuracy (per-head accuracy by rank); "
                          "give tree_choices explicitly")
