@@ -88,6 +88,14 @@ def dynamic_tree(root: jax.Array, root_logits: jax.Array, node_logits: NodeLogit
     return tree, state
 
 
+def search(tree: TreeSpec | None, num_steps: int, topk: int, num_nodes: int, root: jax.Array,
+           root_logits: jax.Array, node_logits: NodeLogits, state: Any = None) -> tuple[Tree, Any]:
+    """The drafter's configured search: the static `tree` when given, else the EAGLE-2 dynamic search."""
+    if tree is not None:
+        return static_tree(tree, root, root_logits, node_logits, state)
+    return dynamic_tree(root, root_logits, node_logits, num_steps, topk, num_nodes, state)
+
+
 def max_dynamic_nodes(num_steps: int, topk: int) -> int:
     """Most nodes (root included) a dynamic search of this shape can return."""
     return 1 + topk + (num_steps - 1) * topk * topk

@@ -118,3 +118,28 @@ def read_manifest_record(path: str) -> dict:
         return {}
     body = text[start + len("```json"):]
     return json.loads(body[:body.index("```")])
+
+
+def read_published_tensors(path: str, safetensors_names: tuple[str, ...], torch_name: str) -> dict[str, np.ndarray]:
+    """The tensors of a published checkpoint directory: the first of safetensors_names that exists, else the torch
+    file torch_name (read with torch when it is installed). Floating tensors come back as float32."""
+    from specjax.models.hf_io import _SafetensorsFile
+    for name in safetensors_names:
+        f = os.path.join(path, name)
+        if os.path.isfile(f):
+            st = _SafetensorsFile(f)
+            return {k: _as_float32(np.asarray(st.get(k))) for k in st.keys()}
+    pt = os.path.join(path, torch_name)
+    if os.path.isfile(pt):
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"{pt} is a torch file: install torch to read it, or convert it to "
+                              f"{safetensors_names[0]}") from None
+        sd = torch.load(pt, map_location="cpu", weights_only=True)
+        return {k: (v.float().numpy() if v.is_floating_point() else v.numpy()) for k, v in sd.items()}
+    raise FileNotFoundError(f"no weights in {path}: expected {' or '.join(safetensors_names + (torch_name,))}")
+
+
+def _as_float32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) or a.dtype.kind == "V" else a

@@ -116,11 +116,8 @@ class DraftModelDrafter:
                           implementation=self.implementation)
             return out.logits[:, -tokens.shape[1]:], (toks, pars, deps)
 
-        if self.tree is not None:
-            tree, _ = tree_search.static_tree(self.tree, root, root_logits, node_logits, block)
-        else:
-            tree, _ = tree_search.dynamic_tree(root, root_logits, node_logits, self.num_steps, self.topk,
-                                               self.num_tokens + 1, block)
+        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.num_tokens + 1, root, root_logits,
+                                     node_logits, block)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 
     def _catch_up(self, params, cache: KVCache, ctx: Context, width: int) -> tuple[KVCache, jax.Array]:

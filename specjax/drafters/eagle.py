@@ -575,11 +575,8 @@ class EagleDrafter:
         empty = jnp.zeros((B, 0, H), root_h.dtype)
         block = (jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32), np.zeros(0, np.int32), empty, empty)
         root_logits = self._logits(params, ctx, root_h)
-        if self.tree is not None:
-            tree, _ = tree_search.static_tree(self.tree, root, root_logits, node_logits, block)
-        else:
-            tree, _ = tree_search.dynamic_tree(root, root_logits, node_logits, self.num_steps, self.topk,
-                                               self.num_tokens + 1, block)
+        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.num_tokens + 1, root, root_logits,
+                                     node_logits, block)
         return Draft(tree.tokens[:, 1:], None, tree), state
 
     def commit(self, params, state: EagleState, ctx, num_accepted, target_out, verified):
@@ -722,21 +719,7 @@ def _load_ours(path: str, target, kind: str) -> EagleWeights:
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-    from specjax.models.hf_io import _SafetensorsFile
-    st = os.path.join(path, "model.safetensors")
-    if os.path.isfile(st):
-        f = _SafetensorsFile(st)
-        return {k: np.asarray(f.get(k)) for k in f.keys()}
-    pt = os.path.join(path, "pytorch_model.bin")
-    if os.path.isfile(pt):
-        try:
-            import torch
-        except ImportError:
-            raise ImportError(f"{pt} is a torch file: install torch to read it, or convert it to "
-                              "model.safetensors") from None
-        sd = torch.load(pt, map_location="cpu", weights_only=True)
-        return {k: (v.float().numpy() if v.is_floating_point() else v.numpy()) for k, v in sd.items()}
-    raise FileNotFoundError(f"no EAGLE weights in {path}: expected model.safetensors or pytorch_model.bin")
+    return artifacts.read_published_tensors(path, ("model.safetensors",), "pytorch_model.bin")
 
 
 def _hf_layer_config(hf: dict, where: str) -> ModelConfig:

@@ -135,23 +135,8 @@ def _from_torch_layout(blocks: dict, lm_heads: list, num_heads: int, num_layers:
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-    from specjax.models.hf_io import _SafetensorsFile
-    for name in ("medusa_lm_head.safetensors", "model.safetensors"):
-        f = os.path.join(path, name)
-        if os.path.isfile(f):
-            st = _SafetensorsFile(f)
-            return {k: np.asarray(st.get(k), np.float32) for k in st.keys()}
-    pt = os.path.join(path, "medusa_lm_head.pt")
-    if os.path.isfile(pt):
-        try:
-            import torch
-        except ImportError:
-            raise ImportError(f"{pt} is a torch file: install torch to read it, or convert it to "
-                              "medusa_lm_head.safetensors") from None
-        sd = torch.load(pt, map_location="cpu", weights_only=True)
-        return {k: v.float().numpy() for k, v in sd.items()}
-    raise FileNotFoundError(f"no Medusa weights in {path}: expected medusa_lm_head.safetensors, "
-                            "medusa_lm_head.pt or model.safetensors")
+    return artifacts.read_published_tensors(path, ("medusa_lm_head.safetensors", "model.safetensors"),
+                                            "medusa_lm_head.pt")
 
 
 def _need(tensors: dict, key: str, shape: tuple, where: str) -> np.ndarray:
