@@ -244,6 +244,7 @@ def mesh_result() -> dict:
     return run_worker("_conformance_mesh_worker.py")
 
 
+@pytest.mark.slow          # one 8-device subprocess compiling every factory (~1-2 min): CI runs it in test-slow
 @pytest.mark.parametrize("name", list(FACTORIES))
 def test_mesh_same_tokens_as_one_device(mesh_result, name):
     """Greedy output on a (2, 4) mesh (weights split 4 ways, 5 requests padded to 6 over 2) == plain greedy output
