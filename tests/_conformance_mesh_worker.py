@@ -1,12 +1,18 @@
 """Runs in its own process with 8 virtual CPU devices (tests/test_conformance.py sets XLA_FLAGS before jax starts):
 plain greedy decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh; prints one JSON
 object of tokens and stats. (Each factory's single-device greedy output is plain greedy output: the conformance
-greedy matrix checks that, so comparing with plain saves a compile per factory.)"""
+greedy matrix checks that, so comparing with plain saves a compile per factory.)
+
+Coverage: every drafter module of the package runs here through its factory -- base.py (none), draft_model.py,
+ngram.py, predicted.py, medusa.py, eagle.py (eagle, eagle3) -- and the worker fails if a registered method has
+no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
+directory, so the artifact convention is exercised on the mesh too."""
 from __future__ import annotations
 
 import json
 import os
 import sys
+import tempfile
 
 import jax
 
@@ -29,11 +35,21 @@ def main() -> None:
     case = Case(target, 3, prompts, plain)
     out: dict = {"plain": plain, "tokens": {}, "stats": {}}
     mesh = sharding.make_mesh(2, 4)
+    tmp = tempfile.mkdtemp()
     for name, factory in FACTORIES.items():
         kw, drafter = factory(case)
+        if name == "medusa":                  # through specjax/drafters/artifacts.py: save, then load by path
+            from specjax.drafters import medusa
+            medusa.save_heads(os.path.join(tmp, "heads"), drafter, target, "# conformance heads\n", dtype="float32")
+            drafter = os.path.join(tmp, "heads")
         res = specjax.generate(target, prompts, SpecConfig(**kw, max_new_tokens=MAX_NEW), drafter=drafter, mesh=mesh)
         out["tokens"][name] = res.tokens
         out["stats"][name] = {k: res.stats[k] for k in ("accepted", "rejected")}
+    from specjax.drafters import registry
+    run = {FACTORIES[n](case)[0].get("method", "none") for n in FACTORIES}
+    missing = [m for m in registry.methods() if registry.get(m).build.__module__.startswith("specjax.drafters.")
+               and m not in run]
+    assert not missing, f"registered methods with no conformance factory: {missing}"
     print("RESULT " + json.dumps(out))
 
 
