@@ -217,6 +217,28 @@ def test_defaults_and_vocab_helpers():
     assert eagle.target_to_draft(d2t, 5).tolist() == [0, -1, 1, -1, 2]
 
 
+def test_restrict_draft_vocab_keeps_the_most_frequent_columns(target, drafters):
+    w = drafters["eagle3"]
+    have = eagle.draft_to_target(w.d2t)
+    counts = np.zeros(w.config.vocab_size)
+    counts[have] = np.arange(len(have))[::-1] % 7 + 1                 # some ties, broken by lower id
+    counts[np.setdiff1d(np.arange(w.config.vocab_size), have)] = 100  # outside the draft vocabulary: ignored
+    small = eagle.restrict_draft_vocab(w, counts, 5)
+    kept = eagle.draft_to_target(small.d2t)
+    order = sorted(have, key=lambda t: (-counts[t], t))[:5]
+    assert kept.tolist() == sorted(order)
+    eagle.check_target(small, target)
+    h = jnp.asarray(np.random.default_rng(0).normal(size=(2, w.config.hidden_size)), jnp.float32)
+    full = np.asarray(eagle.draft_logits(w.params, w.config, h))
+    part = np.asarray(eagle.draft_logits(small.params, small.config, h))
+    cols = [int(np.flatnonzero(have == t)[0]) for t in kept]
+    np.testing.assert_allclose(part, full[:, cols], rtol=1e-6)
+    with pytest.raises(ValueError, match="draft_vocab_size=0"):
+        eagle.restrict_draft_vocab(w, counts, 0)
+    with pytest.raises(ValueError, match="only EAGLE-3"):
+        eagle.restrict_draft_vocab(drafters["eagle"], counts, 5)
+
+
 # ----------------------------------------------------------------------------------------- published layouts
 
 def _np_rms(x, w, eps):

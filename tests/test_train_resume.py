@@ -9,6 +9,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.llama import init_params
@@ -114,3 +115,26 @@ def test_distill_loss_is_zero_kl_against_itself():
     loss, m2 = losses.distill_loss_fn(cfg, cfg, ce_weight=0.5, temperature=1.0)(other, batch, None, params)
     assert float(m2["kl"]) > 0
     np.testing.assert_allclose(float(loss), 0.5 * float(m2["kl"]) + 0.5 * float(m2["ce"]), rtol=1e-5)
+
+
+def test_lr_scales_scale_each_subtree_step():
+    """lr_scales multiplies a subtree's step (after Adam, which would normalise a gradient scale away);
+    a scale of 0 freezes it, and the other subtree's step is unchanged."""
+    import optax
+    from train import loop
+    params = {"heads": {"w": jnp.ones((3, 2))}, "target": {"w": jnp.ones((3, 2))}}
+    grads = {"heads": {"w": jnp.full((3, 2), 0.5)}, "target": {"w": jnp.full((3, 2), 0.5)}}
+    steps = {}
+    for scales in (None, {"heads": 1.0, "target": 0.25}, {"heads": 1.0, "target": 0.0}):
+        opt, _ = loop.make_optimizer(loop.TrainConfig(steps=10, lr=1e-2, warmup_steps=1, weight_decay=0.0,
+                                                      lr_scales=scales))
+        for _ in range(2):                       # step 0 has lr 0 under the warmup schedule
+            updates, state = opt.update(grads, opt.init(params) if _ == 0 else state, params)
+        steps[str(scales)] = updates
+    base = steps["None"]
+    quarter = steps[str({"heads": 1.0, "target": 0.25})]
+    frozen = steps[str({"heads": 1.0, "target": 0.0})]
+    assert float(jnp.abs(base["target"]["w"]).min()) > 0
+    np.testing.assert_allclose(quarter["target"]["w"], 0.25 * base["target"]["w"], rtol=1e-6)
+    np.testing.assert_allclose(quarter["heads"]["w"], base["heads"]["w"], rtol=1e-6)
+    assert float(jnp.abs(frozen["target"]["w"]).max()) == 0.0

@@ -57,6 +57,8 @@ class TrainConfig:
     tokens_per_step: int = 0             # for tokens/s and tokens-seen bookkeeping
     stop_at: int | None = None           # stop early at this step (the schedule still spans `steps`)
     mesh: Mesh | None = None             # ("data", "model") mesh: see the module docstring; None: one device
+    lr_scales: Any = None                # a prefix of the params tree with float leaves: that subtree's learning
+                                         # rate is lr * scale (Medusa-2 moves the target slower than its heads)
 
 
 @dataclasses.dataclass
@@ -75,10 +77,14 @@ def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, opta
         decay_steps=max(cfg.steps, cfg.warmup_steps + 1), end_value=cfg.lr * cfg.min_lr_ratio)
     # No weight decay on gains/biases (1-D leaves): decaying RMSNorm weights toward 0 only hurts.
     decay_mask = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-    opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                      optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                                  mask=decay_mask))
-    return opt, schedule
+    parts = [optax.clip_by_global_norm(cfg.clip_norm),
+             optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask)]
+    if cfg.lr_scales is not None:
+        # Scaling the updates after Adam (not the gradients, which Adam normalises away) scales the step size.
+        scale_tree = lambda updates: jax.tree.map(lambda s, sub: jax.tree.map(lambda u: u * s, sub),
+                                                  cfg.lr_scales, updates)
+        parts.append(optax.stateless(lambda updates, params=None: scale_tree(updates)))
+    return optax.chain(*parts), schedule
 
 
 SpecFn = Callable[[Any, Mesh], Any]

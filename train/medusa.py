@@ -33,6 +33,8 @@ flags.DEFINE_float("head_decay", 0.8, "loss weight of head i is head_decay ** i"
 flags.DEFINE_bool("medusa2", False, "train the target jointly with the heads (Medusa-2)")
 flags.DEFINE_float("kl_weight", 1.0, "Medusa-2: weight of KL(original target || trained target)")
 flags.DEFINE_float("heads_weight", 1.0, "Medusa-2: weight of the heads' loss (lambda_0)")
+flags.DEFINE_float("target_lr_scale", 0.1, "Medusa-2: the target's learning rate is --lr times this (the heads "
+                   "get --lr): a slowly moving target keeps the greedy text the heads were trained to predict")
 flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 
@@ -107,7 +109,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                         for i in range(F.num_heads))
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(heads_of(params)))
         m2 = ("" if not F.medusa2 else f" Medusa-2: the target was trained jointly (KL weight {F.kl_weight}, heads "
-              f"weight {F.heads_weight}); this directory is that target (HF format) and medusa_heads/ its heads.")
+              f"weight {F.heads_weight}, target learning rate {F.target_lr_scale} x the heads'); this directory "
+              f"is that target (HF format) and medusa_heads/ its heads.")
         notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
                              R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(ds["train"]),
                              decay=F.head_decay, medusa2=m2, acc=acc)
@@ -124,6 +127,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         spec_fn=lambda tree, mesh: loop.default_specs(tree, mesh) if not F.medusa2 else
         {"heads": loop.default_specs(tree["heads"], mesh),
          "target": loop.default_specs(tree["target"], mesh)},
+        lr_scales={"heads": 1.0, "target": F.target_lr_scale} if F.medusa2 else None,
         summary=f"{'Medusa-2' if F.medusa2 else 'Medusa-1'}: {F.num_heads} heads x {F.num_layers} layers, "
                 f"{F.layout}; self-distillation rows {rows.shape}")
 
@@ -131,7 +135,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 RECIPE = skeleton.Recipe(
     "medusa", build, frozen_target="checkpoints/stdlib-target",
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
-               "init_heads", "num_train"),
+               "target_lr_scale", "init_heads", "num_train"),
     defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=20, weight_decay=0.0, eval_every=100,
                   eval_tokens=32768, ckpt_dir="runs/medusa_ckpt", out="checkpoints/stdlib-target-medusa"))
 

@@ -96,6 +96,7 @@ class Parts:
     export: Callable[[Any, str, dict], tuple[dict, str]]   # (params, out dir, record) -> (MANIFEST fields, prose)
     batches: Any = None                                # .batch(step), .epochs(steps); None: default_batches(run)
     spec_fn: loop.SpecFn = loop.default_specs          # trainable params -> PartitionSpecs under --mesh
+    lr_scales: Any = None                              # learning-rate multipliers per subtree (loop.TrainConfig)
     summary: str = ""                                  # logged once at start (size, ...)
 
 
@@ -153,7 +154,7 @@ def run(recipe: Recipe) -> None:
     params = loop.place(parts.params, mesh, parts.spec_fn) if mesh else parts.params
     params, step, info = run_info(F.ckpt_dir, params, {n: F[n].value for n in recipe.all_run_flags()},
                                   F.export_only, F.note)
-    tcfg = train_config(F, mesh)
+    tcfg = dataclasses.replace(train_config(F, mesh), lr_scales=parts.lr_scales)
     frozen = ctx.target.params if ctx.target is not None else None
     if not F.export_only:
         res = loop.train(params, parts.loss_fn, batches.batch, tcfg, frozen=frozen, spec_fn=parts.spec_fn,

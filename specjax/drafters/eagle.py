@@ -276,6 +276,27 @@ def target_to_draft(d2t, vocab_size: int) -> np.ndarray:
     return out
 
 
+def restrict_draft_vocab(weights: EagleWeights, counts, draft_vocab_size: int) -> EagleWeights:
+    """An EAGLE-3 drafter cut down to the draft_vocab_size most frequent of its draft tokens (counts [V] over
+    TARGET ids, e.g. of target-generated text), without retraining: the kept lm_head columns and d2t entries. A
+    smaller draft vocabulary makes the drafter's LM head (its largest matmul) cheaper and misses more tokens."""
+    if weights.kind != "eagle3":
+        raise ValueError(f"only EAGLE-3 drafters have a draft vocabulary; {weights.name!r} is {weights.kind!r}")
+    have = draft_to_target(weights.d2t)
+    n = int(draft_vocab_size)
+    if not 1 <= n <= len(have):
+        raise ValueError(f"draft_vocab_size={n} must be in [1, {len(have)}] (the drafter's draft vocabulary)")
+    counts = np.asarray(counts)
+    if counts.shape != (weights.config.vocab_size,):
+        raise ValueError(f"counts must have one entry per target token ({weights.config.vocab_size}), got shape "
+                         f"{list(counts.shape)}")
+    keep = np.sort(np.lexsort((have, -counts[have]))[:n])               # draft ids, ascending = target order
+    ids = have[keep]
+    params = dict(weights.params, lm_head=weights.params["lm_head"][:, keep])
+    config = dataclasses.replace(weights.config, draft_vocab_size=n)
+    return EagleWeights(config, params, (ids - np.arange(n)).astype(np.int64), f"{weights.name}[{n}]")
+
+
 def check_vocab_map(d2t, vocab_size: int, draft_vocab_size: int, where: str, t2d=None) -> np.ndarray:
     """Validate an EAGLE-3 d2t map against the target vocabulary; returns it as int64."""
     d2t = np.asarray(d2t)
