@@ -83,9 +83,21 @@ def distill_loss_fn(draft_cfg: ModelConfig, target_cfg: ModelConfig, ce_weight: 
 # loss_fn(head_params, batch, rng, target_params) that starts from frozen_target_features(...).
 
 
-def _medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label: int, decay: float):
-    """Per-head masked CE of Medusa heads on hidden [B, T, H] (T = L, inputs batch[:, :-1]): head i at position t
+def _head_teacher(teacher_logits: jax.Array, ahead: int) -> jax.Array:
+    """The target's logits for the token `ahead` + 1 positions after each input position: teacher_logits [B, T, V]
+    (index p predicts token p + 1) -> [B, T, V] (rows past the window repeat the last one; they are masked)."""
+    T = teacher_logits.shape[1]
+    return jnp.take(teacher_logits, jnp.minimum(jnp.arange(T) + ahead, T - 1), axis=1)
+
+
+def _medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label: int, decay: float,
+                  teacher_logits: jax.Array | None = None):
+    """Per-head masked loss of Medusa heads on hidden [B, T, H] (T = L, inputs batch[:, :-1]): head i at position t
     predicts batch[:, t + i + 2]; labels before index first_label (prompt tokens) and past the window are masked.
+    With teacher_logits [B, T, V] (the target's own logits over the inputs, under stop_gradient) the loss is soft
+    cross-entropy against the target's distribution for that token and accuracy is agreement with the target's
+    argmax: what verification accepts, which for a jointly trained (Medusa-2) target is no longer the token the
+    original target wrote. Without them: hard CE on batch's tokens.
     -> (weighted sum of head losses, per-head losses [K], per-head top-1 accuracy [K])."""
     from specjax.drafters.medusa import head_logits
     B, T, _ = hidden.shape
@@ -95,36 +107,44 @@ def _medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label:
     for i in range(K):
         label_at = jnp.arange(T) + i + 2                                   # index into batch [L + 1]
         valid = (label_at <= T) & (label_at >= first_label)                # [T]
-        labels = jnp.take(batch, jnp.minimum(label_at, T), axis=1)         # [B, T]
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, :, i], labels)
-        w = jnp.broadcast_to(valid, ce.shape).astype(jnp.float32)
-        li = jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+        if teacher_logits is None:
+            labels = jnp.take(batch, jnp.minimum(label_at, T), axis=1)     # [B, T]
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits[:, :, i], labels)
+        else:
+            teacher = _head_teacher(teacher_logits, i + 1)                 # [B, T, V]
+            labels = jnp.argmax(teacher, -1)
+            loss = _soft_ce(logits[:, :, i], jax.nn.softmax(teacher.astype(jnp.float32)))
+        w = jnp.broadcast_to(valid, loss.shape)
+        li = _masked_mean(loss, w)
         per_head.append(li)
-        acc.append(jnp.sum((jnp.argmax(logits[:, :, i], -1) == labels) * w) / jnp.maximum(jnp.sum(w), 1.0))
+        acc.append(_masked_mean(jnp.argmax(logits[:, :, i], -1) == labels, w))
         total = total + decay ** i * li
     return total, jnp.stack(per_head), jnp.stack(acc)
 
 
 def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool = False, kl_weight: float = 1.0,
-                   heads_weight: float = 1.0) -> Callable:
+                   heads_weight: float = 1.0, soft_labels: bool = True) -> Callable:
     """Medusa-1 (joint=False): params are the heads; the frozen target's final hidden state feeds them.
     Medusa-2 (joint=True): params = {"heads", "target"}; the trained target's hidden state feeds the heads and
     kl_weight * KL(p_frozen_original || p_trained) keeps its next-token distribution, heads_weight scales the
     heads' loss (Medusa's lambda_0). batch [B, L + 1]: rows of target-generated text; labels before index
-    first_label (the corpus prompt) are not trained on."""
+    first_label (the corpus prompt) are not trained on. soft_labels: the heads learn the (trained, for Medusa-2)
+    target's own distribution for each token (see _medusa_terms) instead of the row's tokens."""
     def loss_fn(params, batch, rng, target_params):
         del rng
         inputs = batch[:, :-1]
         if not joint:
-            hidden = frozen_target_features(target_params, cfg, inputs).hidden
-            loss, per_head, acc = _medusa_terms(params, hidden, batch, first_label, decay)
+            frozen = frozen_target_features(target_params, cfg, inputs)
+            loss, per_head, acc = _medusa_terms(params, frozen.hidden, batch, first_label, decay,
+                                                frozen.logits if soft_labels else None)
             return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
                           **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
         original = frozen_target_features(target_params, cfg, inputs).logits
         B, T = inputs.shape
         cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["target"]["embed"].dtype)
         out = forward(params["target"], cfg, inputs, cache)
-        heads_loss, per_head, acc = _medusa_terms(params["heads"], out.hidden, batch, first_label, decay)
+        heads_loss, per_head, acc = _medusa_terms(params["heads"], out.hidden, batch, first_label, decay,
+                                                  jax.lax.stop_gradient(out.logits) if soft_labels else None)
         logp0 = jax.nn.log_softmax(original)
         kl = jnp.sum(jnp.exp(logp0) * (logp0 - jax.nn.log_softmax(out.logits)), -1).mean()
         return kl_weight * kl + heads_weight * heads_loss, {
@@ -135,18 +155,20 @@ def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool
 
 def medusa_accuracy(heads: dict, target_params: dict, cfg: ModelConfig, rows: jax.Array, first_label: int,
                     topk: int = 5) -> tuple[jax.Array, jax.Array]:
-    """Held-out accuracy counts: rows [B, L + 1] -> (hits [K, topk] = labels within each head's top-1..top-k,
-    valid labels [K]); divide for cumulative top-k accuracy."""
+    """Held-out accuracy counts against what greedy verification accepts, the target's own argmax for each token
+    (teacher-forced on rows; for the original target's greedy rows that is the row's token itself):
+    rows [B, L + 1] -> (hits [K, topk] = that token within each head's top-1..top-k, valid labels [K]); divide for
+    cumulative top-k accuracy."""
     from specjax.drafters.medusa import head_logits
     inputs = rows[:, :-1]
-    hidden = frozen_target_features(target_params, cfg, inputs).hidden
-    logits = head_logits(heads, hidden)                                   # [B, T, K, V]
+    target = frozen_target_features(target_params, cfg, inputs)
+    logits = head_logits(heads, target.hidden)                            # [B, T, K, V]
     B, T, K, _ = logits.shape
     hits, counts = [], []
     for i in range(K):
         label_at = jnp.arange(T) + i + 2
         valid = (label_at <= T) & (label_at >= first_label)
-        labels = jnp.take(rows, jnp.minimum(label_at, T), axis=1)         # [B, T]
+        labels = jnp.argmax(_head_teacher(target.logits, i + 1), -1)      # [B, T]
         lg = logits[:, :, i]                                               # [B, T, V]
         # The label's rank = how many tokens score strictly higher (a sort-free top-k test; ties favour it).
         label_logit = jnp.take_along_axis(lg, labels[..., None], -1)

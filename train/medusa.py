@@ -7,7 +7,9 @@
 Data: self-distillation (train.self_distill: continuations the target generates from stdlib prompts, half greedy,
 half at temperature 1), built and cached under data/ on first use. Head i at position t predicts the token at
 t + i + 2 (the token after the one the target's own LM head predicts); only target-generated tokens are labels.
-Loss: sum_i decay^i CE_i (Medusa's lambda_i = 0.8^i). Medusa-1 starts every ResBlock at zero and every projection
+Loss: sum_i decay^i CE_i (Medusa's lambda_i = 0.8^i), by default soft cross-entropy against the target's own
+(teacher-forced) distribution for that token: for Medusa-2 the trained target's, whose argmax is what verification
+accepts once it has moved away from the original target that wrote the rows. Medusa-1 starts every ResBlock at zero and every projection
 at the target's LM head (a fresh head predicts what the target predicts). Medusa-2 trains the target jointly,
 with KL(original target || trained target) on the same tokens in the objective so the target's distribution holds,
 and ships the trained target beside its heads (its held-out bits per byte is in the MANIFEST).
@@ -35,6 +37,8 @@ flags.DEFINE_float("kl_weight", 1.0, "Medusa-2: weight of KL(original target || 
 flags.DEFINE_float("heads_weight", 1.0, "Medusa-2: weight of the heads' loss (lambda_0)")
 flags.DEFINE_float("target_lr_scale", 0.1, "Medusa-2: the target's learning rate is --lr times this (the heads "
                    "get --lr): a slowly moving target keeps the greedy text the heads were trained to predict")
+flags.DEFINE_bool("soft_labels", True, "heads learn the target's own distribution for each token (for Medusa-2 "
+                  "the trained target's); false: hard labels, the rows' tokens")
 flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 
@@ -42,9 +46,10 @@ NOTES = """\
 Medusa heads for {target} ({variant}): {K} heads x {R} ResBlock(s), layout {layout} ({n_params:,} parameters),
 trained on {rows} continuations the target generated itself (train.self_distill; half greedy, half temperature 1;
 prompts from the stdlib training split), labels = target-generated tokens only. Head i predicts the token i + 1
-after the bonus token; loss sum_i {decay}^i CE_i.{medusa2} Stored as bfloat16.
+after the bonus token; loss sum_i {decay}^i CE_i, {labels}.{medusa2} Stored as bfloat16.
 
-Held-out accuracy (continuations from held-out stdlib prompts), per head top-1 / top-5: {acc}.
+Held-out accuracy (continuations from held-out stdlib prompts), per head top-1 / top-5 agreement with the target's
+own argmax for that token (what greedy verification accepts): {acc}.
 """
 
 
@@ -67,7 +72,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         heads = medusa.init_heads(None, F.num_heads, F.num_layers, target_weight(target.params, "lm_head"), F.layout)
     params = {"heads": heads, "target": target.params} if F.medusa2 else heads
     loss_fn = losses.medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
-                                    heads_weight=F.heads_weight)
+                                    heads_weight=F.heads_weight, soft_labels=F.soft_labels)
     accuracy = jax.jit(lambda p, frozen, rows: losses.medusa_accuracy(
         heads_of(p), p["target"] if F.medusa2 else frozen, cfg, rows, prompt_len, topk=5))
     lm_eval = skeleton.make_evaluator(cfg, run.corpus, 256) if F.medusa2 else None
@@ -113,7 +118,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
               f"is that target (HF format) and medusa_heads/ its heads.")
         notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
                              R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(ds["train"]),
-                             decay=F.head_decay, medusa2=m2, acc=acc)
+                             decay=F.head_decay, medusa2=m2, acc=acc,
+                             labels="soft, against the target's own distribution for the token (the trained "
+                                    "target's for Medusa-2)" if F.soft_labels else "hard, on the rows' tokens")
         medusa.save_heads(heads_dir, medusa.MedusaHeads(F.num_heads, F.num_layers, F.layout, heads_of(params)),
                           target, notes)      # the fingerprint (sizes, vocabulary) is the same for Medusa-2
         fields.update(tree_rank_accuracy=medusa.rank_accuracy(record["topk_accuracy"]),
@@ -135,7 +142,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 RECIPE = skeleton.Recipe(
     "medusa", build, frozen_target="checkpoints/stdlib-target",
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
-               "target_lr_scale", "init_heads", "num_train"),
+               "target_lr_scale", "soft_labels", "init_heads", "num_train"),
     defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=20, weight_decay=0.0, eval_every=100,
                   eval_tokens=32768, ckpt_dir="runs/medusa_ckpt", out="checkpoints/stdlib-target-medusa"))
 
