@@ -31,11 +31,16 @@ Memory arithmetic, Llama 3.1 70B in bf16 (2 bytes): L=80, H=8192, I=28672, Hq=64
   85.9 GB) ~63 GB stay free after weights and ~5 GB of activations/XLA scratch: ~187 concurrent 8k requests
   (~170 with the drafter's cache), i.e. ~1.5M cached tokens. On 16 GB parts (TPU v5e) the weights alone
   (17.6 GB) do not fit; on 32 GiB parts (TPU v4) ~11 GB remain: ~30 requests of 8k.
-  16 accelerators: mesh (1, 16) is rejected -- 16 does not divide Hkv=8 (validate_mesh says so); use (2, 8):
-  two replicas of the 8-way layout, each serving half the batch, so per-device memory is as above and the
-  capacity doubles (~370 requests of 8k on 80 GiB parts). 16 x 16 GB parts (256 GB in all) would hold the
-  weights only with a 16-way split (8.8 GB each), which needs each kv head replicated on 2 devices (not
-  implemented here).
+  16 accelerators: (2, 8) is two replicas of the 8-way layout, each serving half the batch, so per-device memory
+  is as above and the capacity doubles (~370 requests of 8k on 80 GiB parts). (1, 16) holds each of the 8 kv
+  heads on 2 devices (Layout below): 8.99 GB of weights per device (+0.17 GB of kv-head copies) and still 40 KiB
+  per token per device (half of it the copies), so on 80 GiB parts it serves fewer requests (~214) than (2, 8);
+  it is the mesh for 16 x 16 GB parts (TPU v5e-16), which (2, 8) does not fit (~9 requests of 8k).
+  python -m experiments.tp_memory prints this for Llama-3.1-8B, Qwen2.5-7B and Llama-3.1-70B on 8 and 16 devices.
+
+Checkpoints the model axis does not divide (Layout, plan_layout): the vocabulary is padded (zero rows, cut off the
+logits again by llama.lm_head) and kv heads are replicated when the axis exceeds num_kv_heads; query heads and
+the MLP must still split evenly, or validate_mesh names the meshes that work.
 """
 from __future__ import annotations
 

@@ -77,4 +77,4 @@ def main(methods: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(",") if len(sys.argv) > 1 else list(METHODS))
+    main([m for m in sys.argv[1].split(",") if m] if len(sys.argv) > 1 else list(METHODS))
