@@ -160,8 +160,8 @@ def layout_index(key: str, n: int, cfg: ModelConfig, lay: Layout) -> tuple[int, 
         return _VOCAB_AXIS[key], np.where(idx < n, idx, -1)
     if key in _KV_AXIS:
         D = cfg.head_dim
-        if n == lay.kv_heads * D:
-            return None
+        if n == lay.kv_heads * D or (n // D) % cfg.num_kv_heads == 0 and (n // D) % lay.model == 0:
+            return None                              # already this layout, or replicated enough for this mesh
         if n != cfg.num_kv_heads * D:
             raise ValueError(f"{key} holds {n // D} kv heads: laid out for another mesh (this one places "
                              f"{lay.kv_heads} = {cfg.num_kv_heads} x {lay.kv_repeat}); load the model again")
@@ -189,9 +189,26 @@ def apply_layout(params: Any, cfg: ModelConfig, lay: Layout) -> Any:
     Leaves the layout does not change are returned as they are (no copy)."""
     def one(path, x):
         key = _key(path)
-        hit = layout_index(key, x.shape[_VOCAB_AXIS.get(key, _KV_AXIS.get(key, 0))], cfg, lay) \
-            if key in _VOCAB_AXIS or key in _KV_AXIS else None
+        axis = _VOCAB_AXIS.get(key, _KV_AXIS.get(key))
+        hit = None if axis is None else layout_index(key, x.shape[axis], cfg, lay)
         return x if hit is None else _take(x, *hit)
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def logical_params(params: Any, cfg: ModelConfig) -> Any:
+    """The inverse of apply_layout: vocabulary padding cut off, one copy of each kv head; what cfg describes
+    (save_pretrained writes a model placed under a mesh through it)."""
+    D, Hkv = cfg.head_dim, cfg.num_kv_heads
+
+    def one(path, x):
+        key = _key(path)
+        if key in _VOCAB_AXIS and x.shape[_VOCAB_AXIS[key]] != cfg.vocab_size:
+            return _take(x, _VOCAB_AXIS[key], np.arange(cfg.vocab_size))
+        if key in _KV_AXIS and x.shape[_KV_AXIS[key]] != Hkv * D:
+            repeat = x.shape[_KV_AXIS[key]] // (Hkv * D)
+            col = np.arange(Hkv * D)
+            return _take(x, _KV_AXIS[key], (col // D) * repeat * D + col % D)   # the first copy of each head
+        return x
     return jax.tree_util.tree_map_with_path(one, params)
 
 

@@ -6,6 +6,11 @@ The target has an odd vocabulary (517: padded to 640 on model axes 2..8) and 2 k
 and replicated too. Each method runs on one device and on every mesh; the test asserts identical tokens.
 
     python tests/_tp_worker.py [method,...]        # default: all of METHODS
+
+A method not in METHODS is a tests/test_conformance.py factory (e.g. medusa, eagle, eagle3,
+draft_model-dynamic_tree): head drafters keep their own vocabulary-wide weights replicated (their param_specs
+replicate what the model axis does not divide) and read the target's LM head / embedding cut back to the
+logical vocabulary.
 """
 from __future__ import annotations
 
@@ -43,11 +48,17 @@ def main(methods: list[str]) -> None:
     prompts = ragged_prompts(5, vocab=VOCAB, seed=5)         # 5 rows: padded on every data axis > 1
     out: dict = {"tokens": {}, "stats": {}, "memory": {}}
     for method in methods:
-        kw, which = METHODS[method]
+        if method in METHODS:
+            kw, which = METHODS[method]
+            drafter = draft if which else None
+        else:
+            from test_conformance import FACTORIES, Case
+            plain = specjax.generate(target, prompts, SpecConfig(max_new_tokens=MAX_NEW)).tokens
+            kw, drafter = FACTORIES[method](Case(target, 3, prompts, plain))
         cfg = SpecConfig(max_new_tokens=MAX_NEW, **kw)
         for shape in [None] + MESHES:
             mesh = sharding.make_mesh(*shape) if shape else None
-            res = specjax.generate(target, prompts, cfg, drafter=draft if which else None, mesh=mesh, seed=3)
+            res = specjax.generate(target, prompts, cfg, drafter=drafter, mesh=mesh, seed=3)
             key = f"{method}@{shape[0]}x{shape[1]}" if shape else f"{method}@single"
             out["tokens"][key] = res.tokens
             out["stats"][key] = {k: res.stats[k] for k in ("accepted", "rejected") if k in res.stats}
@@ -71,6 +82,27 @@ def main(methods: list[str]) -> None:
             "layout": arith.layout._asdict(),
             "embed_shape": list(params["embed"].shape),
             "wk_shard_shape": list(params["layers"][0]["wk"].addressable_shards[0].data.shape)}
+    # Loading a checkpoint straight into the layout (sharding.placer: each device reads its own source rows) gives
+    # the arrays shard_params places; saving it again writes the logical checkpoint back.
+    import tempfile
+    import numpy as np
+    from specjax.models.hf_io import load_pretrained, save_pretrained
+    out["load"] = {}
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(target.params, target.config, d)
+        for shape in [(2, 4), (1, 8)]:
+            mesh = sharding.make_mesh(*shape)
+            loaded = specjax.load_model(d, mesh=mesh)
+            placed = sharding.shard_params(target.params, target.config, mesh)
+            same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))
+                                                            and a.sharding.is_equivalent_to(b.sharding, a.ndim)),
+                                          loaded.params, placed)
+            save_pretrained(loaded.params, loaded.config, os.path.join(d, "again"))
+            again, _, _ = load_pretrained(os.path.join(d, "again"))
+            back = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                                          again, target.params)
+            out["load"][f"{shape[0]}x{shape[1]}"] = {"same_as_placed": all(jax.tree_util.tree_leaves(same)),
+                                                     "saved_back": all(jax.tree_util.tree_leaves(back))}
     out["memory"]["total_params"] = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
     out["memory"]["total_cache"] = 2 * target.config.num_layers * B * S * 2 * target.config.head_dim * 4
     print("RESULT " + json.dumps(out))

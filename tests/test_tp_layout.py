@@ -89,6 +89,13 @@ def test_apply_layout_keeps_the_model():
         assert np.array_equal(np.argmax(got, -1), np.argmax(want, -1))
         again = sharding.apply_layout(placed, cfg, lay)               # placing twice is a no-op
         assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(placed)))
+        back = sharding.logical_params(placed, cfg)                   # and the inverse gives the checkpoint back
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(back),
+                                                        jax.tree_util.tree_leaves(params)))
+    # Laid out for model=8 (4 copies of each kv head), the params serve model=4 as they are.
+    placed8 = sharding.apply_layout(params, cfg, sharding.plan_layout(cfg, 8))
+    again = sharding.apply_layout(placed8, cfg, sharding.plan_layout(cfg, 4))
+    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(placed8)))
 
 
 def test_memory_arithmetic_real_shapes():
@@ -109,8 +116,18 @@ def test_memory_arithmetic_real_shapes():
 
 
 @pytest.fixture(scope="module")
-def memory() -> dict:
-    return run_worker("_tp_worker.py", "")["memory"]
+def worker() -> dict:
+    return run_worker("_tp_worker.py", "")           # no decoding: bytes and loading only
+
+
+@pytest.fixture(scope="module")
+def memory(worker) -> dict:
+    return worker["memory"]
+
+
+@pytest.mark.parametrize("mesh", ["2x4", "1x8"])
+def test_load_into_the_layout_and_save_back(worker, mesh):
+    assert worker["load"][mesh] == {"same_as_placed": True, "saved_back": True}
 
 
 @pytest.mark.parametrize("mesh", ["8x1", "2x4", "1x8"])
@@ -142,3 +159,21 @@ def test_same_tokens_as_one_device(identity, method, mesh):
     if method != "none":
         stats = identity["stats"][f"{method}@{mesh}"]
         assert stats["accepted"] > 0 and stats["rejected"] > 0, stats  # acceptance and rollback both ran
+
+
+HEAD_FACTORIES = ["medusa", "medusa-static_tree", "eagle", "eagle3", "draft_model-dynamic_tree"]
+
+
+@pytest.fixture(scope="module")
+def heads() -> dict:
+    return run_worker("_tp_worker.py", ",".join(HEAD_FACTORIES), timeout=1800)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["8x1", "2x4", "1x8"])
+@pytest.mark.parametrize("method", HEAD_FACTORIES)
+def test_head_drafters_same_tokens(heads, method, mesh):
+    # Head drafters (tests/test_conformance.py factories) on the padded, kv-replicated target: they read its LM head
+    # and embedding cut back to the logical vocabulary; their own vocabulary-wide weights stay replicated.
+    tokens = heads["tokens"]
+    assert tokens[f"{method}@{mesh}"] == tokens[f"{method}@single"]
