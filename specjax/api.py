@@ -129,7 +129,9 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     greedy decoding token for token; sampled output is distributed exactly as the target's. A request's random
     stream is fold_in(key(seed), request_id), so its output does not depend on its batch mates.
     mesh: a specjax.sharding.make_mesh() mesh; weights (target and draft) are split over its "model" axis and
-    requests over "data" -- the same tokens as on one device."""
+    requests over "data" -- the same tokens as on one device. A vocabulary the model axis does not divide is
+    padded and kv heads fewer than the axis are replicated (specjax.sharding.Layout); tokens and logits keep the
+    model's vocab_size."""
     if config is None:
         config = SpecConfig()
     elif isinstance(config, dict):

@@ -20,7 +20,7 @@ from specjax.cache import KVCache
 from specjax.config import SpecConfig
 from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens, target_weight
 from specjax.models.config import ModelConfig
-from specjax.models.llama import ForwardOut, forward
+from specjax.models.llama import ForwardOut, forward, kv_heads
 from specjax.sampling import probabilities, sample
 from specjax.verify import (chain_greedy, chain_sampled, chain_typical_lossy, tree_greedy, tree_sampled,
                             tree_typical_lossy)
@@ -92,11 +92,13 @@ def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft:
     return new, n, out, verified
 
 
-def target_exposure(drafter: Drafter, target_params: dict) -> tuple[tuple[int, ...], dict]:
+def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | None = None) -> tuple[tuple[int, ...], dict]:
     """What a drafter declared it reads of the target: (layer indices requested from every target forward,
-    {name: target weight}). A drafter that declares nothing gets ((), {}): the forward computes nothing extra."""
+    {name: target weight}). A drafter that declares nothing gets ((), {}): the forward computes nothing extra.
+    vocab_size: the logical vocabulary; the embedding / LM head a mesh padded are handed over cut back to it."""
     layers = tuple(getattr(drafter, "target_layers", ()))
-    return layers, {name: target_weight(target_params, name) for name in getattr(drafter, "target_weights", ())}
+    return layers, {name: target_weight(target_params, name, vocab_size)
+                    for name in getattr(drafter, "target_weights", ())}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len"))
@@ -112,9 +114,9 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
     max_new = spec.max_new_tokens
     step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)
 
-    cache = KVCache.init(cfg.num_layers, B, buffer_len, cfg.num_kv_heads, cfg.head_dim,
+    cache = KVCache.init(cfg.num_layers, B, buffer_len, kv_heads(target_params, cfg), cfg.head_dim,
                          target_params["embed"].dtype)
-    layers, exposed = target_exposure(drafter, target_params)
+    layers, exposed = target_exposure(drafter, target_params, cfg.vocab_size)
     prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation)
     last_logits = jnp.take_along_axis(prefill.logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
     first = _first_token(last_logits, step_keys(0), spec)                             # [B]

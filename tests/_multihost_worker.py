@@ -4,7 +4,9 @@
 
 Each process calls jax.distributed.initialize before any other jax call, builds the same 8-device mesh over
 jax.devices() (both processes' devices), loads the same model and runs the same generate(); its weights are
-split across the two processes, and the tokens must equal the single-device run. XLA_FLAGS must give each
+split across the two processes, and the tokens must equal the single-device run. The target has an odd
+vocabulary (517, padded) and 2 kv heads (replicated on the model axes of 4 and 8); a chain and a static tree
+drafted by a draft model run besides plain decoding. XLA_FLAGS must give each
 process 4 CPU devices (tests/test_sharding.py sets it).
 """
 from __future__ import annotations
@@ -26,12 +28,14 @@ def child(port: int, pid: int) -> None:
     from conftest import perturbed, ragged_prompts, tiny_model
     from specjax import SpecConfig, sharding
 
-    target = tiny_model(0, vocab=64, hidden=64, heads=8, kv_heads=8)
+    target = tiny_model(0, vocab=517, hidden=64, heads=8, kv_heads=2)
     near = perturbed(target, 0.02)
-    prompts = ragged_prompts(5, vocab=64, seed=5)
+    prompts = ragged_prompts(5, vocab=517, seed=5)
     out = {"process": jax.process_index(), "local": jax.local_device_count(), "global": jax.device_count()}
-    for method, kw, drafter in [("none", {}, None), ("draft_model", dict(num_speculative_tokens=3), near)]:
-        cfg = SpecConfig(method=method, max_new_tokens=16, **kw)
+    for method, kw, drafter in [("none", {}, None),
+                                ("draft_model", dict(method="draft_model", num_speculative_tokens=3), near),
+                                ("tree", dict(method="draft_model", tree_choices=((0,), (1,), (0, 0))), near)]:
+        cfg = SpecConfig(max_new_tokens=16, **kw)
         out[f"{method}@single"] = specjax.generate(target, prompts, cfg, drafter=drafter).tokens
         for shape in [(1, 8), (2, 4)]:          # model axis across processes; data axis across processes
             mesh = sharding.make_mesh(*shape)
@@ -39,7 +43,7 @@ def child(port: int, pid: int) -> None:
                                                                       mesh=mesh).tokens
     params = sharding.shard_params(target.params, target.config, sharding.make_mesh(1, 8))
     out["local_param_bytes"] = sum(sharding.bytes_per_device(params).values())
-    out["total_param_bytes"] = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
+    out["device_param_bytes"] = sharding.memory_per_device(target.config, 1, 8, dtype_bytes=4).params
     print("CHILD " + json.dumps(out), flush=True)
     jax.distributed.shutdown()
 
@@ -60,8 +64,8 @@ def launch() -> None:
         keys = [k for k in outs[0] if "@" in k]
         ok = all(o[k] == outs[0][f"{k.split('@')[0]}@single"] == outs[0]["none@single"] for o in outs for k in keys)
         ok = ok and all(o["global"] == 8 and o["local"] == 4 for o in outs)
-        # Mesh (1, 8) splits the weights over both processes: each holds about half (norms are replicated).
-        ok = ok and all(o["local_param_bytes"] < 0.55 * o["total_param_bytes"] for o in outs)
+        # Mesh (1, 8) splits the (padded, kv-replicated) weights over both processes: 4 devices' shares each.
+        ok = ok and all(o["local_param_bytes"] == 4 * o["device_param_bytes"] for o in outs)
     print("RESULT " + json.dumps({"ok": ok, "processes": outs}))
 
 

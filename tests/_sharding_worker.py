@@ -55,10 +55,10 @@ def main() -> None:
         per = sharding.bytes_per_device(sharding.shard_params(target.params, target.config, mesh))
         out["memory"][f"{shape[0]}x{shape[1]}"] = sorted(per.values())
 
-    # Clear errors for meshes that cannot split the model.
+    # Clear errors for meshes that cannot split the model (kv heads and vocabulary no longer refuse: they are
+    # replicated and padded, tests/test_tp_layout.py; query heads must still split evenly).
     errors = {}
-    for name, model in [("kv_heads", tiny_model(0, vocab=VOCAB, hidden=64, heads=8, kv_heads=4)),
-                        ("vocab", tiny_model(0, vocab=61, hidden=64, heads=8, kv_heads=8))]:
+    for name, model in [("heads", tiny_model(0, vocab=VOCAB, hidden=48, heads=6, kv_heads=2))]:
         try:
             specjax.generate(model, prompts[:1], SpecConfig(max_new_tokens=2), mesh=sharding.make_mesh(1, 8))
             errors[name] = None

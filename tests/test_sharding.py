@@ -68,9 +68,8 @@ def test_params_bytes_per_device(result, mesh):
 
 def test_clear_errors(result):
     err = result["errors"]
-    assert err["kv_heads"] and "'model' axis of size 8 does not divide" in err["kv_heads"]
-    assert "num_kv_heads=4" in err["kv_heads"]
-    assert err["vocab"] and "vocab_size=61" in err["vocab"]
+    assert err["heads"] and "'model' axis of size 8 does not divide the model's num_heads=6" in err["heads"]
+    assert "make_mesh(data=4, model=2)" in err["heads"]                     # names a mesh that works
     assert err["batch"] and "'data' axis of size 2 does not divide the batch of 5" in err["batch"]
 
 

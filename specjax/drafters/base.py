@@ -90,11 +90,16 @@ class NullDrafter:
         return state
 
 
-def target_weight(target_params: dict, name: str) -> jax.Array:
-    """One of TARGET_WEIGHTS from a Llama params pytree."""
+def target_weight(target_params: dict, name: str, vocab_size: int | None = None) -> jax.Array:
+    """One of TARGET_WEIGHTS from a Llama params pytree; with vocab_size, the vocabulary entries a mesh layout
+    padded (specjax.sharding.Layout) are cut off, so the drafter sees the logical [H, V] / [V, H]."""
     if name == "lm_head":
-        return target_params["lm_head"] if "lm_head" in target_params else target_params["embed"].T
-    if name in ("embed", "final_norm"):
+        w = target_params["lm_head"] if "lm_head" in target_params else target_params["embed"].T
+        return w if vocab_size is None or w.shape[1] == vocab_size else w[:, :vocab_size]
+    if name == "embed":
+        w = target_params["embed"]
+        return w if vocab_size is None or w.shape[0] == vocab_size else w[:vocab_size]
+    if name == "final_norm":
         return target_params[name]
     raise ValueError(f"unknown target weight {name!r}; a drafter may read {TARGET_WEIGHTS}")
 

@@ -26,7 +26,7 @@ from specjax import tree_search
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.config import ModelConfig
-from specjax.models.llama import forward
+from specjax.models.llama import forward, kv_heads
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.trees import TreeSpec, mask_from_parents
 
@@ -58,7 +58,7 @@ class DraftModelDrafter:
     def init(self, params, ctx: Context, target_out, sp):
         B = ctx.tokens.shape[0]
         cfg = self.config
-        cache = KVCache.init(cfg.num_layers, B, self.cache_size, cfg.num_kv_heads, cfg.head_dim,
+        cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
                              params["embed"].dtype)
         prompt = ctx.tokens[:, :int(target_out.logits.shape[1])]                 # [B, P] right-padded prompt
         out = forward(params, cfg, prompt, cache, implementation=self.implementation)
@@ -169,10 +169,18 @@ def _build(req: BuildRequest):
                              steps, topk), draft.params
 
 
+def _prepare_params(drafter: DraftModelDrafter, params, mesh):
+    """The target's layout rules (vocabulary padded, kv heads replicated), leniently: a small draft model whose
+    query heads or MLP the model axis does not divide keeps those dims replicated instead of being refused."""
+    from specjax.sharding import apply_layout, plan_layout
+    m = dict(zip(mesh.axis_names, mesh.axis_sizes))["model"]
+    return apply_layout(params, drafter.config, plan_layout(drafter.config, m, what="draft model", strict=False))
+
+
 def _param_specs(drafter: DraftModelDrafter, params, mesh):
     from specjax.sharding import param_specs
     return param_specs(drafter.config, params, mesh)       # a Llama: the target's layout; undividable dims replicated
 
 
 register(DrafterSpec("draft_model", _build, accepts="a specjax Model, a model directory or a shipped model name",
-                     load=_load, trees=True, param_specs=_param_specs))
+                     load=_load, trees=True, prepare_params=_prepare_params, param_specs=_param_specs))

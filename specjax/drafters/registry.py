@@ -56,6 +56,10 @@ class DrafterSpec:
     options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
     trees: bool = False                  # can propose token trees (static tree_choices or a dynamic tree)
     speculates: bool = True              # False only for plain decoding (k = 0)
+    # (drafter object, params, mesh) -> params rearranged for the mesh before param_specs lays them out (a draft
+    # model: vocabulary padded and kv heads replicated like the target, specjax.sharding.apply_layout; the
+    # drafter's own code must then size its buffers from the params, e.g. llama.kv_heads). None: as they are.
+    prepare_params: Callable[[Any, Any, Any], Any] | None = None
     # (drafter object, params, mesh) -> a PartitionSpec pytree for params. None: every leaf replicated.
     param_specs: Callable[[Any, Any, Any], Any] | None = None
     # True: every params leaf has a leading per-request dim (padded with the batch, split over "data").

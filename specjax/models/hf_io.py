@@ -272,6 +272,8 @@ def _to_hf_tensors(params: dict, cfg: ModelConfig, np_dtype) -> dict[str, np.nda
 
     if len(params["layers"]) != cfg.num_layers:
         raise ValueError(f"params have {len(params['layers'])} layers but cfg.num_layers={cfg.num_layers}")
+    from specjax.sharding import logical_params
+    params = logical_params(params, cfg)          # a model placed under a mesh: padding and kv copies dropped
     out = {"model.embed_tokens.weight": conv(params["embed"], False)}
     for i, lp in enumerate(params["layers"]):
         for key, suffix, tr in _layer_map(cfg):

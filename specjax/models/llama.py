@@ -6,6 +6,9 @@ the T new tokens are written into the KV cache at each row's `cache.lengths` and
 params = {"embed": [V, H], "layers": [{attn_norm [H], wq [H, Hq*D], wk/wv [H, Hkv*D], (bq, bk, bv),
           wo [Hq*D, H], mlp_norm [H], w_gate/w_up [H, I], w_down [I, H]}, ...], "final_norm": [H],
           "lm_head": [H, V] (absent when tied)}
+Under a mesh the placed arrays may be wider than the config says (specjax.sharding.Layout): embed / lm_head padded
+to Vp >= V entries and wk/wv (bk/bv) holding each kv head several times. forward reads the kv-head count from
+the weights (kv_heads) and cuts the logits back to cfg.vocab_size, so callers never see either.
 """
 from __future__ import annotations
 
@@ -88,7 +91,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
     positions = cache.lengths[:, None] + jnp.broadcast_to(depths, (B, T))     # [B, T]
     inv_freq = rope_inv_freq(cfg)
     new_lengths = cache.lengths + T
-    Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    Hq, Hkv, D = cfg.num_heads, kv_heads(params, cfg), cfg.head_dim
 
     bad = [i for i in hidden_layers if not -1 < i < len(params["layers"])]
     if bad:
@@ -112,13 +115,23 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
         if i in hidden_layers:
             layer_hidden[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    logits = lm_head(params, hidden)
+    logits = lm_head(params, hidden, cfg.vocab_size)
     return ForwardOut(logits, hidden, tuple(layer_hidden[i] for i in hidden_layers), cache)
 
 
-def lm_head(params: dict, hidden: jax.Array) -> jax.Array:
+def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
+    """hidden [..., H] -> float32 logits [..., vocab_size]. A vocabulary padded for a mesh is cut off here rather
+    than masked: sampling draws one Gumbel variate per vocabulary entry, so a wider distribution would draw
+    different tokens than one device does; cut, every later shape (and random draw) is the one-device one."""
     w = params["lm_head"] if "lm_head" in params else params["embed"].T
-    return (hidden @ w).astype(jnp.float32)
+    logits = (hidden @ w).astype(jnp.float32)                             # [..., Vp]
+    return logits if vocab_size is None or logits.shape[-1] == vocab_size else logits[..., :vocab_size]
+
+
+def kv_heads(params: dict, cfg: ModelConfig) -> int:
+    """KV heads the weights hold: cfg.num_kv_heads, or a multiple once specjax.sharding replicated them for a
+    model axis larger than num_kv_heads (each copy identical, so attention is unchanged). Size caches with it."""
+    return params["layers"][0]["wk"].shape[-1] // cfg.head_dim
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, std: float = 0.02) -> dict:
@@ -146,5 +159,5 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, std: float 
 def full_logits(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> jax.Array:
     """Plain causal forward over whole sequences, no persistent cache: [B, T] -> [B, T, V]."""
     B, T = tokens.shape
-    cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["embed"].dtype)
+    cache = KVCache.init(cfg.num_layers, B, T, kv_heads(params, cfg), cfg.head_dim, params["embed"].dtype)
     return forward(params, cfg, tokens, cache, **kw).logits
