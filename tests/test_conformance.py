@@ -65,6 +65,12 @@ def edited(row: list, vocab: int) -> list:
     return out[:7] + out[8:]
 
 
+def earlier_answers(c: "Case"):
+    from specjax.drafters.suffix import SuffixCache
+    distinct = list(dict.fromkeys(tuple(p) for p in c.plain))
+    return SuffixCache(edited(list(p), c.target.config.vocab_size) for p in distinct)
+
+
 _heads: dict = {}
 
 
@@ -110,6 +116,10 @@ FACTORIES = {
                                       cached("eagle", c.target, informative_eagle("eagle"))),
     "eagle3": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k),
                          cached("eagle3", c.target, informative_eagle("eagle3"))),
+    # A fresh global cache per call (so a request decoded alone sees what it saw in its batch) holding earlier
+    # "answers": the plain outputs with edits, as if the same prompts had been asked before.
+    "suffix": lambda c: (dict(method="suffix", num_speculative_tokens=c.k,
+                              drafter_options=dict(suffix_decoding_max_cached_requests=64)), earlier_answers(c)),
 }
 
 
