@@ -11,7 +11,9 @@ of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node
 the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
 at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
 shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
-of --drafters), `label=` (the row's name), and any SpecConfig field (e.g. acceptance_method=typical_lossy).
+of --drafters), `label=` (the row's name), and any SpecConfig field (e.g. acceptance_method=typical_lossy) or drafter option of the method (e.g.
+`humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`, `humaneval2x:suffix:8:drafter=fresh2x`:
+suffix decoding's global cache of that name).
 Prompts are decoded one at a time (batch 1), as in the papers' tables.
 """
 from __future__ import annotations
@@ -101,17 +103,22 @@ def parse_run(entry: str) -> dict:
            "target": extra.pop("target", FLAGS.target), "drafter": extra.pop("drafter", None),
            "label": extra.pop("label", None)}
     fields = {f.name: f.type for f in dataclasses.fields(SpecConfig)}
+    options = registry.get(run["method"]).options
+    overrides, drafter_options = {}, {}
     for key, value in extra.items():
-        if key not in fields:
-            raise ValueError(f"run {entry!r}: unknown field {key!r}")
+        if key not in fields and key not in options:
+            raise ValueError(f"run {entry!r}: unknown field {key!r} (neither a SpecConfig field nor an option of "
+                             f"method={run['method']!r}: {sorted(options) or 'none'})")
         for cast in (int, float):
             try:
                 value = cast(value)
                 break
             except ValueError:
                 pass
-        extra[key] = value
-    run["overrides"] = extra
+        (overrides if key in fields else drafter_options)[key] = value
+    if drafter_options:
+        overrides["drafter_options"] = drafter_options
+    run["overrides"] = overrides
     return run
 
 
@@ -226,8 +233,9 @@ def main(argv):
         step_ms = 1e3 * (st["wall_s"] - n * (t_pre + t_dpre)) / st["target_passes"]
         steady = (plain_ms / base["tau"]) / (step_ms / st["tau"])
         exact = "yes" if outs == base_outs else "no"
-        name = run["label"] or method + (f"/{tree}" if tree else "") + \
-            "".join(f"/{v}" for v in run["overrides"].values())
+        shown = {**run["overrides"], **dict(run["overrides"].get("drafter_options") or {})}
+        shown.pop("drafter_options", None)
+        name = run["label"] or method + (f"/{tree}" if tree else "") + "".join(f"/{v}" for v in shown.values())
         per_pos = ",".join(f"{a:.2f}" for a in st["accept_per_position"][:8])
         records.append(dict(prompts=pset, method=name, target=target.name, k=k, alpha=st["alpha"],
                             alpha_fit=alpha_fit, tau=st["tau"], accept_per_position=st["accept_per_position"],
