@@ -116,7 +116,8 @@ def propose_row(src: jax.Array, query: jax.Array, root: jax.Array, k: int, depth
                 min_token_prob: float) -> Tree:
     """One row: src [S] (global cache then the request's own text, -1 elsewhere), query [Q], root [] -> a tree of
     k + 1 nodes (leading batch dim 1 stripped by the caller's vmap)."""
-    S, O, D = src.shape[0], MAX_OCCURRENCES, depth
+    S, D = src.shape[0], depth
+    O = min(MAX_OCCURRENCES, S)
     m = jnp.where(src >= 0, match_lengths(src, query), 0)                   # a continuation token must exist
     M = jnp.max(m)
     key = jnp.where((m == M) & (M > 0), jnp.arange(S), -1)
@@ -135,6 +136,8 @@ def propose_row(src: jax.Array, query: jax.Array, root: jax.Array, k: int, depth
     # Rank by count, ties to the shallower node, so an ancestor always ranks above its descendants.
     score = jnp.where(ok, count * (D + 1) + (D - jnp.arange(D))[None, :], -1).T.reshape(D * O)   # depth-major
     limit = jnp.minimum(k, jnp.floor(max_spec_factor * M).astype(jnp.int32))
+    if D * O < k:                                                            # a tiny source: pad the ranking
+        score = jnp.concatenate([score, jnp.full((k - D * O,), -1, score.dtype)])
     top, cand = lax.top_k(score, k)
     real = (top >= 0) & (jnp.arange(k) < limit)
     cand = jnp.sort(jnp.where(real, cand, D * O + cand))                    # real ones first, depth-major order
