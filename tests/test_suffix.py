@@ -58,10 +58,11 @@ def test_cache_keeps_the_latest_outputs_separated_and_padded():
     c.add([[3], [], [4, 5, 6]], max_requests=2)                 # the empty output is skipped; [1, 2] evicted
     assert len(c) == 2 and c.num_tokens == 4
     arr = c.arrays(max_requests=2)
-    assert arr.shape == (256,) and arr[:6].tolist() == [3, -1, 4, 5, 6, -1] and (arr[6:] == -1).all()
+    assert arr.shape == (4096,) and arr[:6].tolist() == [3, -1, 4, 5, 6, -1] and (arr[6:] == -1).all()
     assert c.arrays(max_requests=1)[:4].tolist() == [4, 5, 6, -1]
-    assert (c.arrays(max_requests=0) == -1).all()
-    assert SuffixCache([[1] * 300]).arrays(10).shape == (512,)  # a power of two: recompiles stay rare
+    assert (c.arrays(max_requests=0, min_size=1) == -1).all()
+    assert SuffixCache([[1] * 300]).arrays(10, min_size=64).shape == (512,)   # a power of two: few recompiles
+    assert SuffixCache([[1] * 5000]).arrays(10).shape == (8192,)
 
 
 def test_global_cache_persists_across_generate_calls_and_raises_acceptance(target):

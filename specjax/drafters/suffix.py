@@ -49,7 +49,10 @@ from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, registe
 from specjax.trees import Tree, mask_from_parents
 
 MAX_OCCURRENCES = 32        # occurrences of the matched pattern whose continuations are counted
-_MIN_CACHE_SLOTS = 256      # smallest padded global-cache array (power of two above it)
+# The padded global-cache array has a power-of-two size >= min(_MIN_CACHE_SLOTS, the configured bound): the
+# compiled loop is re-used until the cache outgrows it (each doubling recompiles once; a small bound never does).
+# Matching 4096 slots costs ~0.1M token compares a step, noise beside a target forward.
+_MIN_CACHE_SLOTS = 4096
 
 
 class SuffixCache:
@@ -78,12 +81,12 @@ class SuffixCache:
     def clear(self) -> None:
         self._outputs.clear()
 
-    def arrays(self, max_requests: int) -> np.ndarray:
+    def arrays(self, max_requests: int, min_size: int = _MIN_CACHE_SLOTS) -> np.ndarray:
         """int32 [C]: the latest max_requests outputs, each followed by -1 (a separator no token matches), padded
-        with -1 to a power of two >= _MIN_CACHE_SLOTS."""
+        with -1 to a power of two > their length and >= min_size."""
         kept = list(self._outputs)[-max_requests:] if max_requests > 0 else []
         flat = [t for o in kept for t in (*o, -1)]
-        size = max(_MIN_CACHE_SLOTS, 1 << len(flat).bit_length())     # > len(flat): always ends in -1
+        size = max(min_size, 1 << len(flat).bit_length())               # > len(flat): always ends in -1
         out = np.full(size, -1, np.int32)
         out[:len(flat)] = flat
         return out
@@ -243,7 +246,10 @@ def _build(req: BuildRequest):
     drafter = SuffixDrafter(cfg.k, cfg.option("suffix_decoding_max_tree_depth"),
                             float(cfg.option("suffix_decoding_max_spec_factor")),
                             float(cfg.option("suffix_decoding_min_token_prob")))
-    return drafter, jnp.asarray(cache.arrays(max_requests))
+    # Outputs are at most max_new_tokens long: a small bound fixes the array size for good (no recompiles).
+    bound = max_requests * (cfg.max_new_tokens + 1) if max_requests > 0 else 0
+    min_size = 1 << min(bound, _MIN_CACHE_SLOTS).bit_length()
+    return drafter, jnp.asarray(cache.arrays(max_requests, min_size))
 
 
 def _finish(req: BuildRequest, outputs: list) -> None:
