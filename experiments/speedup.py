@@ -11,9 +11,9 @@ of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node
 the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
 at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
 shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
-of --drafters), `label=` (the row's name), and any SpecConfig field (e.g. acceptance_method=typical_lossy) or drafter option of the method (e.g.
-`humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`, `humaneval2x:suffix:8:drafter=fresh2x`:
-suffix decoding's global cache of that name).
+of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy), and any
+drafter option of the method (e.g. `humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For
+suffix decoding `drafter=` names its global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
 Prompts are decoded one at a time (batch 1), as in the papers' tables.
 """
 from __future__ import annotations
