@@ -82,9 +82,10 @@ def test_global_cache_persists_across_generate_calls_and_raises_acceptance(targe
     assert len(off) == 0                                        # 0 turns the global cache off
 
 
-@pytest.mark.parametrize("name, value", [("suffix_decoding_max_tree_depth", 0), ("suffix_decoding_max_tree_depth", 65),
-                                         ("suffix_decoding_max_spec_factor", 0), ("suffix_decoding_min_token_prob", 1.5),
-                                         ("suffix_decoding_max_cached_requests", -1)])
+@pytest.mark.parametrize("name, value", [
+    ("suffix_decoding_max_tree_depth", 0), ("suffix_decoding_max_tree_depth", 65),
+    ("suffix_decoding_max_spec_factor", 0), ("suffix_decoding_min_token_prob", 1.5),
+    ("suffix_decoding_max_cached_requests", -1)])
 def test_bad_options_are_refused_by_name(name, value):
     with pytest.raises(ValueError, match=f"drafter option {name}={value}"):
         SpecConfig(method="suffix", num_speculative_tokens=4, drafter_options={name: value})
