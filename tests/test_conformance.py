@@ -65,6 +65,17 @@ def edited(row: list, vocab: int) -> list:
     return out[:7] + out[8:]
 
 
+def earlier_answers(c: "Case"):
+    from specjax.drafters.suffix import SuffixCache
+    distinct = list(dict.fromkeys(tuple(p) for p in c.plain))
+    return SuffixCache(edited(list(p), c.target.config.vocab_size) for p in distinct)
+
+
+def lookahead_fields(window: int, ngram: int, guesses: int) -> dict:
+    return dict(method="lookahead", num_speculative_tokens=(window + guesses) * (ngram - 1),
+                drafter_options=dict(window_size=window, ngram_size=ngram, guess_set_size=guesses))
+
+
 _heads: dict = {}
 
 
@@ -110,6 +121,11 @@ FACTORIES = {
                                       cached("eagle", c.target, informative_eagle("eagle"))),
     "eagle3": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k),
                          cached("eagle3", c.target, informative_eagle("eagle3"))),
+    # A fresh global cache per call (so a request decoded alone sees what it saw in its batch) holding earlier
+    # "answers": the plain outputs with edits, as if the same prompts had been asked before.
+    "suffix": lambda c: (dict(method="suffix", num_speculative_tokens=c.k,
+                              drafter_options=dict(suffix_decoding_max_cached_requests=64)), earlier_answers(c)),    # Lookahead's k is fixed by (W + G)(N - 1): the smallest shape at k = 1, a 2-level window beyond.
+    "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
 }
 
 

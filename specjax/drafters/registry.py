@@ -65,6 +65,9 @@ class DrafterSpec:
     # True: every params leaf has a leading per-request dim (padded with the batch, split over "data").
     per_request_params: bool = False
     validate: Callable[[Any], None] | None = None    # extra checks on a SpecConfig for this method
+    # (BuildRequest, outputs: one token-id list per request) -> None, called by generate() after decoding: how a
+    # drafter learns across calls (suffix decoding's global cache of earlier outputs). None: nothing to learn.
+    finish: Callable[[BuildRequest, list], None] | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
