@@ -138,3 +138,19 @@ def test_lr_scales_scale_each_subtree_step():
     np.testing.assert_allclose(quarter["target"]["w"], 0.25 * base["target"]["w"], rtol=1e-6)
     np.testing.assert_allclose(quarter["heads"]["w"], base["heads"]["w"], rtol=1e-6)
     assert float(jnp.abs(frozen["target"]["w"]).max()) == 0.0
+
+
+def test_training_curve_reads_evals_and_mean_loss_since_the_last(tmp_path):
+    """The MANIFEST's curve: one row per periodic eval, the training loss averaged over the logs since the previous
+    eval, the eval scalars; a resumed run's repeated steps count once (the later record wins)."""
+    from train import skeleton
+    lines = [{"step": 10, "loss": 4.0}, {"step": 20, "loss": 2.0, "acc": 0.5},
+             {"step": 30, "loss": 9.0},                      # lost to the interruption: replaced below
+             {"step": 30, "loss": 1.0}, {"step": 40, "loss": 3.0, "acc": 0.75, "other": 1.0}]
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in lines)
+    batches = type("B", (), {"epochs": staticmethod(lambda s: s / 100)})()
+    curve = skeleton.training_curve(str(tmp_path), batches, ("acc",))
+    assert curve == [{"step": 20, "epoch": 0.2, "train_loss": 3.0, "acc": 0.5},
+                     {"step": 40, "epoch": 0.4, "train_loss": 2.0, "acc": 0.75}]
+    assert "20 / 0.20: 3.0, 0.500; 40 / 0.40: 2.0, 0.750" in skeleton.curve_paragraph(curve, ("acc",))

@@ -81,7 +81,7 @@ Held-out ({eval_rows} continuations from held-out stdlib prompts), drafter unrol
 top-1 agreement with the target's argmax per step: {acc}; chain agreement (steps 0..i all agree): {chain};
 expected accepted drafts of a {n}-token chain started at every label position: {accept:.3f} over all rows,
 {accept_g:.3f} on the greedy rows (where each chain is exactly what greedy verification would accept from that
-position). Held-out curve per eval (step: heldout_accept_len): {curve}.
+position).
 Layout: specjax artifact (eagle.save; load with specjax.generate(..., SpecConfig(method="{kind}"),
 drafter=<this dir>)), stored as bfloat16; published/ holds the same weights in the {published} layout
 (eagle.export_published: config.json + model.safetensors{pub_extra}) for engines that load those.
@@ -137,21 +137,6 @@ def coverage(rows: np.ndarray, first: int, d2t, vocab_size: int) -> float:
     return float(inside[np.asarray(rows[:, first:], np.int64)].mean())
 
 
-def eval_curve(ckpt_dir: str) -> list[dict]:
-    """The periodic held-out evals of this run (ckpt_dir/metrics.jsonl, resumes included), in step order."""
-    path = os.path.join(ckpt_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    by_step = {}
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "heldout_accept_len" in rec:
-                by_step[rec["step"]] = {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()
-                                        if k == "step" or k.startswith("heldout_")}
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
@@ -205,7 +190,6 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         params = jax.device_get(params)
         weights = eagle.EagleWeights(cfg, params, d2t, os.path.basename(os.path.normpath(out_dir)))
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-        curve = eval_curve(F.ckpt_dir)
         c = cfg.layer
         if is3:
             if F.target_layers:
@@ -241,15 +225,13 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)), accept=record["heldout_accept_len"],
             accept_g=record.get("heldout_accept_len_greedy", float("nan")),
-            curve=", ".join(f"{r['step']}: {r['heldout_accept_len']:.3f}" for r in curve)
-            or "none (no periodic eval ran)",
             kind=cfg.kind, published="EAGLE-3 (fc / midlayer / norm / lm_head / d2t / t2d)" if is3 else
             "EAGLE-1 (fc / layers.0)", pub_extra=", eagle_aux_hidden_state_layer_ids" if is3 else "")
         eagle.save(out_dir, weights, target, notes)
         eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
         fields = dict(self_distillation=ds["meta"], drafter_config=cfg.to_dict(), drafter_params=n_params,
                       ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start,
-                      eval_steps=n, heldout_curve=curve, published_dir="published")
+                      eval_steps=n, published_dir="published")
         if is3:
             fields.update(draft_vocab_size=cfg.draft_vocab_size, vocab_coverage=cov,
                           target_layers=list(cfg.target_layers), target_layers_reason=layers_why)
@@ -268,6 +250,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 def recipe(kind: str) -> skeleton.Recipe:
     return skeleton.Recipe(
         kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS,
+        curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_accept_len_sampled"),
         defaults=dict(steps=DEFAULT_STEPS[kind], lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
                       eval_tokens=16384, log_every=10, ckpt_dir=f"runs/{kind}_ckpt",
                       out=f"checkpoints/stdlib-target-{kind}"))

@@ -141,6 +141,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 RECIPE = skeleton.Recipe(
     "medusa", build, frozen_target="checkpoints/stdlib-target",
+    curve_metrics=("head0_top1", "head1_top1", "head2_top1", "head3_top1", "head0_top1_t1"),
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
                "target_lr_scale", "soft_labels", "init_heads", "num_train"),
     defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=20, weight_decay=0.0, eval_every=100,

@@ -108,6 +108,8 @@ class Recipe:
     run_flags: Sequence[str] = ()                      # the recipe's own run-defining flags
     frozen_target: str | None = None   # default --target (an HF checkpoint dir); None: no target, and the
                                        # tokenizer is trained on the corpus with --vocab_size
+    curve_metrics: Sequence[str] = ()  # periodic-eval scalars the MANIFEST's training curve shows (first: present
+                                       # in every eval)
 
     def all_run_flags(self) -> tuple[str, ...]:
         return (*SHARED_RUN_FLAGS, "target" if self.frozen_target else "vocab_size", *self.run_flags)
@@ -170,9 +172,14 @@ def run(recipe: Recipe) -> None:
         ev = parts.evaluate(params, F.final_eval_tokens)
     log(f"final held-out: {ev} ({time.time() - t0:.0f}s)")
     record = {**run_record(F, info, step, batches, recipe), **ev}
+    if recipe.curve_metrics:
+        record["training_curve"] = training_curve(F.ckpt_dir, batches, recipe.curve_metrics)
     fields, notes = parts.export(params, F.out, record)
+    training = training_paragraph(record, tcfg)
+    if recipe.curve_metrics:
+        training += "\n\n" + curve_paragraph(record["training_curve"], recipe.curve_metrics)
     write_manifest(F.out, os.path.basename(os.path.normpath(F.out)), notes, {**record, **fields}, ctx.corpus,
-                   training_paragraph(record, tcfg))
+                   training)
     log(f"exported to {F.out}")
 
 
@@ -296,6 +303,39 @@ def run_record(F, info: dict, step: int, batches, recipe: Recipe) -> dict:
     if info.get("note"):                               # run history worth knowing (restarts, changed flags)
         rec["run_note"] = info["note"]
     return rec
+
+
+def training_curve(ckpt_dir: str, batches, metrics: Sequence[str]) -> list[dict]:
+    """One row per periodic eval of the run in ckpt_dir (its metrics.jsonl, resumes included; a resumed step's
+    later record wins): step, epoch, the mean training loss logged since the previous eval, and `metrics`."""
+    path = os.path.join(ckpt_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    by_step = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            by_step[rec["step"]] = {**by_step.get(rec["step"], {}), **rec}
+    curve, losses = [], []
+    for step in sorted(by_step):
+        rec = by_step[step]
+        if "loss" in rec:
+            losses.append(rec["loss"])
+        if metrics[0] in rec:
+            curve.append({"step": step, "epoch": round(batches.epochs(step), 3),
+                          "train_loss": round(float(np.mean(losses)), 4) if losses else None,
+                          **{m: round(rec[m], 4) for m in metrics if m in rec}})
+            losses = []
+    return curve
+
+
+def curve_paragraph(curve: list[dict], metrics: Sequence[str]) -> str:
+    if not curve:
+        return "Training curve: none (no periodic eval ran)."
+    rows = "; ".join(f"{r['step']} / {r['epoch']:.2f}: {r['train_loss']}, " + ", ".join(
+        f"{r[m]:.3f}" for m in metrics if m in r) for r in curve)
+    return (f"Training curve (step / epoch: mean training loss since the previous eval, held-out "
+            f"{', '.join(metrics)}): {rows}.")
 
 
 def training_paragraph(record: dict, tcfg: loop.TrainConfig) -> str:
