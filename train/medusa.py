@@ -45,7 +45,7 @@ flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.
 NOTES = """\
 Medusa heads for {target} ({variant}): {K} heads x {R} ResBlock(s), layout {layout} ({n_params:,} parameters),
 trained on {rows} continuations the target generated itself (train.self_distill; half greedy, half temperature 1;
-prompts from the stdlib training split), labels = target-generated tokens only. Head i predicts the token i + 1
+prompts from the stdlib training split), trained at target-generated positions only. Head i predicts the token i + 1
 after the bonus token; loss sum_i {decay}^i CE_i, {labels}.{medusa2} Stored as bfloat16.
 
 Held-out accuracy (continuations from held-out stdlib prompts), per head top-1 / top-5 agreement with the target's
@@ -98,8 +98,10 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                     out[f"topk_accuracy{suffix}"] = acc.round(4).tolist()
                 out.update({f"head{i}_top1{suffix}": float(acc[i, 0]) for i in range(F.num_heads)})
                 out.update({f"head{i}_top5{suffix}": float(acc[i, 4]) for i in range(F.num_heads)})
-        if lm_eval is not None:
+        if lm_eval is not None:        # the jointly trained target beside the original, on the same held-out text
             out.update({f"target_{k}": v for k, v in lm_eval(params["target"], max_tokens).items()})
+            if max_tokens is None:
+                out.update({f"original_target_{k}": v for k, v in lm_eval(target.params, None).items()})
         return out
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
@@ -115,7 +117,11 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(heads_of(params)))
         m2 = ("" if not F.medusa2 else f" Medusa-2: the target was trained jointly (KL weight {F.kl_weight}, heads "
               f"weight {F.heads_weight}, target learning rate {F.target_lr_scale} x the heads'); this directory "
-              f"is that target (HF format) and medusa_heads/ its heads.")
+              f"is that target (HF format) and medusa_heads/ its heads. Its held-out loss: "
+              f"{record['target_heldout_bpb']:.4f} bits per byte ({record['target_heldout_loss']:.4f} nats/token) "
+              f"against the original target's {record['original_target_heldout_bpb']:.4f} "
+              f"({record['original_target_heldout_loss']:.4f}) on the same {record['target_heldout_tokens']:,} "
+              f"held-out corpus tokens.")
         notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
                              R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(ds["train"]),
                              decay=F.head_decay, medusa2=m2, acc=acc,
