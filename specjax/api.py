@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Sequence
@@ -50,9 +51,27 @@ _full_logits = jax.jit(full_logits, static_argnums=1)
 
 
 def available_models() -> list[str]:
+    """Shipped target / draft models (checkpoints/ entries in HF format); drafter artifacts (Medusa heads, EAGLE
+    drafters) are not models and are listed by available_drafters()."""
+    return [d for d, kind in _shipped_kinds() if kind is None]
+
+
+def available_drafters() -> list[str]:
+    """Shipped drafter artifacts, usable as drafter=<name> with their method."""
+    return [d for d, kind in _shipped_kinds() if kind is not None]
+
+
+def _shipped_kinds() -> list[tuple[str, str | None]]:
+    """(name, drafter kind or None for a model) of every checkpoints/ entry with a config.json."""
     if not os.path.isdir(CHECKPOINT_DIR):
         return []
-    return sorted(d for d in os.listdir(CHECKPOINT_DIR) if os.path.isfile(os.path.join(CHECKPOINT_DIR, d, "config.json")))
+    out = []
+    for d in sorted(os.listdir(CHECKPOINT_DIR)):
+        cfg = os.path.join(CHECKPOINT_DIR, d, "config.json")
+        if os.path.isfile(cfg):
+            with open(cfg) as f:
+                out.append((d, json.load(f).get("specjax_drafter")))
+    return out
 
 
 def load_model(path_or_name: str, dtype=jnp.float32, mesh=None) -> Model:
@@ -65,6 +84,16 @@ def load_model(path_or_name: str, dtype=jnp.float32, mesh=None) -> Model:
             raise FileNotFoundError(f"no model directory {path_or_name!r} and no shipped model of that name "
                                     f"(shipped: {available_models()})")
         path = shipped
+    cfg_path = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_path):
+        try:
+            with open(cfg_path) as f:
+                kind = json.load(f).get("specjax_drafter")
+        except ValueError:
+            kind = None          # load_pretrained reports the unparsable file
+        if kind is not None:
+            raise ValueError(f"{path_or_name!r} is a {kind!r} drafter artifact, not a model: pass it as "
+                             f"generate(..., SpecConfig(method={kind!r}), drafter={path_or_name!r})")
     if mesh is not None:         # each tensor read straight into its sharded layout (specjax.sharding)
         from specjax.sharding import load_pretrained_sharded
         params, cfg, tokenizer = load_pretrained_sharded(path, mesh, dtype=dtype)

@@ -249,3 +249,13 @@ def test_save_rejects_mismatched_params(tmp_path):
     bad = dict(params, embed=jnp.zeros((CFG.vocab_size, 16)))
     with pytest.raises(ValueError, match="embed_tokens"):
         save_pretrained(bad, CFG, tmp_path)
+
+
+def test_a_drafter_artifact_is_not_a_model(tmp_path):
+    """Shipped drafter artifacts are listed apart from models, and loading one as a model says what it is."""
+    import specjax
+    assert "stdlib-target" in specjax.available_models()
+    assert "stdlib-target-eagle" in specjax.available_drafters()
+    assert not set(specjax.available_models()) & set(specjax.available_drafters())
+    with pytest.raises(ValueError, match="'stdlib-target-eagle' is a 'eagle' drafter artifact, not a model"):
+        specjax.load_model("stdlib-target-eagle")

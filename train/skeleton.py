@@ -357,7 +357,8 @@ def write_manifest(out_dir: str, title: str, notes: str, record: dict, corpus: d
         k: corpus.meta[k] for k in ("train_files", "train_tokens", "train_bytes", "heldout_files",
                                     "heldout_tokens", "heldout_bytes")},
         exported_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-    size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir) if f != "MANIFEST.md")
+    size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out_dir) for f in files
+               if not (root == out_dir and f == "MANIFEST.md"))
     paragraphs = [f"# {title}", notes.strip(), training]
     if record.get("run_note"):
         paragraphs.append(record["run_note"])
