@@ -4,8 +4,8 @@ object of tokens and stats. (Each factory's single-device greedy output is plain
 greedy matrix checks that, so comparing with plain saves a compile per factory.)
 
 Coverage: every drafter module of the package runs here through its factory -- base.py (none), draft_model.py,
-ngram.py, predicted.py, medusa.py, eagle.py (eagle, eagle3) -- and the worker fails if a registered method has
-no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
+ngram.py, predicted.py, medusa.py, eagle.py (eagle, eagle3), suffix.py (suffix, its global cache on the mesh),
+lookahead.py (lookahead) -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
 directory, so the artifact convention is exercised on the mesh too."""
 from __future__ import annotations
 
