@@ -65,13 +65,18 @@ def _shipped_kinds() -> list[tuple[str, str | None]]:
     """(name, drafter kind or None for a model) of every checkpoints/ entry with a config.json."""
     if not os.path.isdir(CHECKPOINT_DIR):
         return []
-    out = []
-    for d in sorted(os.listdir(CHECKPOINT_DIR)):
-        cfg = os.path.join(CHECKPOINT_DIR, d, "config.json")
-        if os.path.isfile(cfg):
-            with open(cfg) as f:
-                out.append((d, json.load(f).get("specjax_drafter")))
-    return out
+    return [(d, _drafter_kind(os.path.join(CHECKPOINT_DIR, d))) for d in sorted(os.listdir(CHECKPOINT_DIR))
+            if os.path.isfile(os.path.join(CHECKPOINT_DIR, d, "config.json"))]
+
+
+def _drafter_kind(path: str) -> str | None:
+    """The method of the drafter artifact in directory `path` (its config.json's specjax_drafter), None for a
+    model or a config.json that does not parse (the model loader reports that)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f).get("specjax_drafter")
+    except (OSError, ValueError):
+        return None
 
 
 def load_model(path_or_name: str, dtype=jnp.float32, mesh=None) -> Model:
@@ -84,16 +89,10 @@ def load_model(path_or_name: str, dtype=jnp.float32, mesh=None) -> Model:
             raise FileNotFoundError(f"no model directory {path_or_name!r} and no shipped model of that name "
                                     f"(shipped: {available_models()})")
         path = shipped
-    cfg_path = os.path.join(path, "config.json")
-    if os.path.isfile(cfg_path):
-        try:
-            with open(cfg_path) as f:
-                kind = json.load(f).get("specjax_drafter")
-        except ValueError:
-            kind = None          # load_pretrained reports the unparsable file
-        if kind is not None:
-            raise ValueError(f"{path_or_name!r} is a {kind!r} drafter artifact, not a model: pass it as "
-                             f"generate(..., SpecConfig(method={kind!r}), drafter={path_or_name!r})")
+    kind = _drafter_kind(path)
+    if kind is not None:
+        raise ValueError(f"{path_or_name!r} is a {kind!r} drafter artifact, not a model: pass it as "
+                         f"generate(..., SpecConfig(method={kind!r}), drafter={path_or_name!r})")
     if mesh is not None:         # each tensor read straight into its sharded layout (specjax.sharding)
         from specjax.sharding import load_pretrained_sharded
         params, cfg, tokenizer = load_pretrained_sharded(path, mesh, dtype=dtype)
