@@ -21,6 +21,13 @@ for T in 0 1; do
     R="$R,$P:eagle:16:dyn4x4:temperature=$T:label=eagle2-dyn4x4-16"
     [ "$T$P" != 1stdlib ] && R="$R,$P:eagle3:4:temperature=$T:label=eagle3-chain"
     R="$R,$P:eagle3:16:dyn4x4:temperature=$T:label=eagle3-dyn4x4-16"
+    # Multi-token drafters: MTP modules (D = 2, and k = 4 reusing module 2), the multi-token target's own heads
+    # (its own plain baseline), the parallel drafter (one draft forward per step).
+    R="$R,$P:mtp:1:temperature=$T:label=mtp-k1"
+    R="$R,$P:mtp:2:temperature=$T:label=mtp-D2"
+    R="$R,$P:mtp:4:reuse_last_module=true:temperature=$T:label=mtp-D2-reuse-k4"
+    R="$R,$P:mtp_heads:3:target=stdlib-target-mtp4:drafter=stdlib-target-mtp4:temperature=$T:label=mtp4-self"
+    R="$R,$P:pard:4:temperature=$T:label=pard-k4"
   done
 done
 R="$R,humaneval:medusa:16:acc:temperature=1:acceptance_method=typical_lossy:label=medusa1-tree16-TYPICAL-LOSSY"
@@ -36,5 +43,5 @@ R="$R,humaneval:lookahead:12:window_size=3:ngram_size=4:guess_set_size=1:label=l
 for N in 1024 512 256; do R="$R,humaneval:eagle3:4:drafter=runs/eagle3_vocab/N$N:label=eagle3-chain-N$N"; done
 R="$R$EXTRA"
 $PY -m experiments.speedup --num_prompts=8 --max_new_tokens=128 \
-  --drafters=draft_model=stdlib-draft,medusa=stdlib-target-medusa,eagle=stdlib-target-eagle,eagle3=stdlib-target-eagle3 \
+  --drafters=draft_model=stdlib-draft,medusa=stdlib-target-medusa,eagle=stdlib-target-eagle,eagle3=stdlib-target-eagle3,mtp=stdlib-target-mtp,pard=stdlib-draft-pard \
   --runs="${R#,}" --out=runs/drafters_table.json "$@"

@@ -113,7 +113,11 @@ def parse_run(entry: str) -> dict:
         if key not in fields and key not in options:
             raise ValueError(f"run {entry!r}: unknown field {key!r} (neither a SpecConfig field nor an option of "
                              f"method={run['method']!r}: {sorted(options) or 'none'})")
+        if value.lower() in ("true", "false"):
+            value = value.lower() == "true"
         for cast in (int, float):
+            if isinstance(value, bool):
+                break
             try:
                 value = cast(value)
                 break

@@ -100,6 +100,11 @@ def informative_eagle(kind: str):
     return lambda target: informative(target, kind)
 
 
+def informative_mtp(kind: str):
+    from test_mtp import informative
+    return lambda target: informative(target, kind, 3)
+
+
 FACTORIES = {
     "none": lambda c: (dict(), None),
     "draft_model": lambda c: (dict(method="draft_model", num_speculative_tokens=c.k), near(c.target)),
@@ -121,6 +126,9 @@ FACTORIES = {
                                       cached("eagle", c.target, informative_eagle("eagle"))),
     "eagle3": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k),
                          cached("eagle3", c.target, informative_eagle("eagle3"))),
+    "mtp": lambda c: (dict(method="mtp", num_speculative_tokens=c.k), cached("mtp", c.target, informative_mtp("mtp"))),
+    "mtp_heads": lambda c: (dict(method="mtp_heads", num_speculative_tokens=c.k),
+                            cached("mtp_heads", c.target, informative_mtp("mtp_heads"))),
     # A fresh global cache per call (so a request decoded alone sees what it saw in its batch) holding earlier
     # "answers": the plain outputs with edits, as if the same prompts had been asked before.
     "suffix": lambda c: (dict(method="suffix", num_speculative_tokens=c.k,

@@ -63,6 +63,8 @@ flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identit
                   "identity on the top fused layer, the target's final norm and LM head columns)")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
+flags.DEFINE_bool("export_published", False, "also write the weights in the published EAGLE layout under "
+                  "<out>/published (a second copy: off by default to keep checkpoints/ small)")
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
@@ -83,8 +85,7 @@ expected accepted drafts of a {n}-token chain started at every label position: {
 {accept_g:.3f} on the greedy rows (where each chain is exactly what greedy verification would accept from that
 position).
 Layout: specjax artifact (eagle.save; load with specjax.generate(..., SpecConfig(method="{kind}"),
-drafter=<this dir>)), stored as bfloat16; published/ holds the same weights in the {published} layout
-(eagle.export_published: config.json + model.safetensors{pub_extra}) for engines that load those.
+drafter=<this dir>)), stored as bfloat16. {published_note}
 """
 
 
@@ -217,6 +218,11 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                                                             f"{F.step_decay}^i."))
             vocab = "Vocabulary: the target's (its embedding and LM head, not stored here)."
         n = F.eval_steps
+        layout = ("EAGLE-3 (fc / midlayer / norm / lm_head / d2t / t2d, eagle_aux_hidden_state_layer_ids)" if is3
+                  else "EAGLE-1 (fc / layers.0)")
+        published_note = (f"published/ holds the same weights in the {layout} layout (eagle.export_published) for "
+                          "engines that load those." if F.export_published else
+                          f"eagle.export_published writes them in the {layout} layout for engines that load those.")
         notes = NOTES.format(
             variant="EAGLE-3" if is3 else "EAGLE-1", target=F.target, H=c.hidden_size, heads=c.num_heads,
             kv_heads=c.num_kv_heads, I=c.intermediate_size, n_params=n_params,
@@ -225,13 +231,13 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)), accept=record["heldout_accept_len"],
             accept_g=record.get("heldout_accept_len_greedy", float("nan")),
-            kind=cfg.kind, published="EAGLE-3 (fc / midlayer / norm / lm_head / d2t / t2d)" if is3 else
-            "EAGLE-1 (fc / layers.0)", pub_extra=", eagle_aux_hidden_state_layer_ids" if is3 else "")
+            kind=cfg.kind, published_note=published_note)
         eagle.save(out_dir, weights, target, notes)
-        eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
+        if F.export_published:
+            eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
         fields = dict(self_distillation=ds["meta"], drafter_config=cfg.to_dict(), drafter_params=n_params,
                       ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start,
-                      eval_steps=n, published_dir="published")
+                      eval_steps=n, published_dir="published" if F.export_published else None)
         if is3:
             fields.update(draft_vocab_size=cfg.draft_vocab_size, vocab_coverage=cov,
                           target_layers=list(cfg.target_layers), target_layers_reason=layers_why)

@@ -345,3 +345,119 @@ def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, c
         all_ok = all_ok & ok[:, :Tc]
         chain_hits.append(jnp.sum(all_ok & chain_valid))
     return jnp.stack(hits), jnp.stack(counts), jnp.stack(chain_hits), jnp.sum(chain_valid)
+
+
+# ------------------------------------------------------------------------------------ multi-token prediction
+
+def multi_token_lm_loss_fn(cfg: ModelConfig, heads_config) -> Callable:
+    """Gloeckle et al. (2024) multi-token prediction from scratch: params = {"lm": a Llama (its last decoder layer
+    is head 1), "heads": the extra heads (specjax.drafters.mtp, kind "mtp_heads", reading the output of decoder
+    layer heads_config.trunk_layer)}. Loss = sum over heads of the mean cross-entropy of head i (1-based) at t
+    against token t + i, as the paper (each head's own positions: the last i - 1 of a window have no label).
+    Metrics: ce<i> per head, ppl of head 1."""
+    from specjax.drafters.base import target_weight
+    from specjax.drafters.mtp import heads_forward_sequence
+    trunk = heads_config.trunk_layer
+
+    def loss_fn(params, batch, rng):
+        del rng
+        inputs = batch[:, :-1]
+        B, T = inputs.shape
+        cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["lm"]["embed"].dtype)
+        out = forward(params["lm"], cfg, inputs, cache, hidden_layers=(trunk,))
+        ce = [optax.softmax_cross_entropy_with_integer_labels(out.logits, batch[:, 1:]).mean()]
+        _, logits = heads_forward_sequence(params, heads_config, out.layer_hidden[0],
+                                           target_weight(params["lm"], "lm_head"))
+        for d in range(logits.shape[0]):                   # head d + 2: label at t + d + 2
+            ce.append(optax.softmax_cross_entropy_with_integer_labels(logits[d, :, :T - d - 1], batch[:, d + 2:]).mean())
+        metrics = {f"ce{i + 1}": c for i, c in enumerate(ce)}
+        metrics["ppl"] = jnp.exp(ce[0])
+        return sum(ce), metrics
+    return loss_fn
+
+
+def multi_token_accuracy(params: dict, cfg: ModelConfig, heads_config, windows: jax.Array,
+                         weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Held-out counts for a multi-token model over windows [B, L + 1] (weights [B, L]: 1 on scored tokens):
+    per extra head d (the model's head d + 2) at position t, hits against the text's token t + d + 2 and
+    agreement with head 1's argmax at position t + d + 1 (teacher-forced: what greedy self-speculation accepts
+    when the earlier drafts were right), and the label counts. -> (text_hits [D], head1_hits [D], labels [D])."""
+    from specjax.drafters.base import target_weight
+    from specjax.drafters.mtp import heads_forward_sequence
+    inputs = windows[:, :-1]
+    B, T = inputs.shape
+    cache = KVCache.init(cfg.num_layers, B, T, cfg.num_kv_heads, cfg.head_dim, params["lm"]["embed"].dtype)
+    out = forward(params["lm"], cfg, inputs, cache, hidden_layers=(heads_config.trunk_layer,))
+    head1 = jnp.argmax(out.logits, -1)                                   # [B, T] predicts t + 1
+    _, logits = heads_forward_sequence(params, heads_config, out.layer_hidden[0],
+                                       target_weight(params["lm"], "lm_head"))
+    pred = jnp.argmax(logits, -1)                                        # [D, B, T]
+    text, own, n = [], [], []
+    for d in range(pred.shape[0]):
+        m = T - d - 1
+        w = weights[:, d + 1:] * weights[:, :m]
+        text.append(jnp.sum((pred[d, :, :m] == windows[:, d + 2:]) * w))
+        own.append(jnp.sum((pred[d, :, :m] == head1[:, d + 1:]) * w))
+        n.append(jnp.sum(w))
+    return jnp.stack(text), jnp.stack(own), jnp.stack(n)
+
+
+def _mtp_pieces(params: dict, config, target_params: dict, target_cfg: ModelConfig, rows: jax.Array):
+    """MTP modules teacher-forced over rows [B, R] -> (logits [D, B, T, V], the target's logits at positions
+    1..R-1 [B, T, V]), T = R - 1: every module's entry e predicts the token at e + 2, whose target distribution is
+    the target's logits at position e + 1."""
+    from specjax.drafters.base import target_weight
+    from specjax.drafters.mtp import mtp_forward_sequence
+    tw = {n: target_weight(target_params, n) for n in ("embed", "lm_head")}
+    tf = frozen_target_features(target_params, target_cfg, rows)
+    _, logits = mtp_forward_sequence(params, config, rows[:, 1:], tf.hidden[:, :-1], tw)
+    return logits, tf.logits[:, 1:]
+
+
+def mtp_loss_fn(target_cfg: ModelConfig, config, first_label: int, depth_decay: float = 1.0) -> Callable:
+    """DeepSeek-style MTP modules on a frozen target, loss_fn(params, batch, rng, target_params); batch = rows
+    [B, R] of target-generated text (labels before index first_label are the corpus prompt: not trained on).
+    Module d (0-based) at entry e drafts the token at e + 2 through the causal chain of modules 0..d; its loss is
+    the soft cross-entropy against the target's own distribution for that token (what verification accepts),
+    over entries e >= d (module d's chain exists there) -- total = sum_d depth_decay**d * loss_d (DeepSeek's
+    lambda-weighted mean over depths, up to scale). Metrics per module: ce<d>, acc<d> (argmax agreement)."""
+    def loss_fn(params, batch, rng, target_params):
+        del rng
+        logits, teacher = _mtp_pieces(params, config, target_params, target_cfg, batch)
+        T = teacher.shape[1]
+        probs = jax.nn.softmax(teacher.astype(jnp.float32))
+        top = jnp.argmax(teacher, -1)
+        total, metrics = 0.0, {}
+        for d in range(logits.shape[0]):
+            e = jnp.arange(T)
+            valid = jnp.broadcast_to((e >= d) & (e + 2 >= first_label), top.shape)
+            ce = _masked_mean(_soft_ce(logits[d], probs), valid)
+            metrics[f"ce{d}"] = ce
+            metrics[f"acc{d}"] = _masked_mean(jnp.argmax(logits[d], -1) == top, valid)
+            total = total + depth_decay ** d * ce
+        return total, metrics
+    return loss_fn
+
+
+def mtp_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config, rows: jax.Array,
+                 first_label: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Held-out acceptance counts of MTP modules, as eagle_accuracy: a chain started at entry s drafts token s + 1 + j
+    with module j (1-based) at entry s + j - 1, teacher-forced on the row's tokens (on greedy rows exactly what
+    greedy verification sees when the earlier drafts were right). Returns per module (hits [D], labels [D]) of
+    top-1 agreement with the target's argmax, and (chain_hits [D], chains): starts where modules 1..j all agree."""
+    logits, teacher = _mtp_pieces(params, config, target_params, target_cfg, rows)
+    D, B, T = logits.shape[:3]
+    top = jnp.argmax(teacher, -1)                                       # [B, T]
+    pred = jnp.argmax(logits, -1)                                       # [D, B, T]
+    Tc = T - D + 1
+    chain_valid = jnp.broadcast_to(jnp.arange(Tc) + 2 >= first_label, (B, Tc))
+    hits, counts, chain_hits, all_ok = [], [], [], jnp.ones((B, Tc), bool)
+    for d in range(D):
+        e = jnp.arange(T)
+        valid = jnp.broadcast_to((e >= d) & (e + 2 >= first_label), top.shape)
+        ok = pred[d] == top
+        hits.append(jnp.sum(ok & valid))
+        counts.append(jnp.sum(valid))
+        all_ok = all_ok & ok[:, d:d + Tc]
+        chain_hits.append(jnp.sum(all_ok & chain_valid))
+    return jnp.stack(hits), jnp.stack(counts), jnp.stack(chain_hits), jnp.sum(chain_valid)

@@ -112,7 +112,8 @@ class Recipe:
                                        # in every eval)
 
     def all_run_flags(self) -> tuple[str, ...]:
-        return (*SHARED_RUN_FLAGS, "target" if self.frozen_target else "vocab_size", *self.run_flags)
+        return (*SHARED_RUN_FLAGS, *(("target",) if self.frozen_target else ("vocab_size", "tokenizer")),
+                *self.run_flags)
 
 
 def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> None:
@@ -126,7 +127,7 @@ def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, i
 
 def main(recipe: Recipe) -> None:
     """Define the shared flags with the recipe's defaults, parse the command line, run."""
-    unknown = set(recipe.defaults) - set(_SHARED_FLAGS) - {"vocab_size"}
+    unknown = set(recipe.defaults) - set(_SHARED_FLAGS) - {"vocab_size", "tokenizer"}
     if unknown:
         raise ValueError(f"Recipe.defaults names flags the skeleton does not define: {sorted(unknown)}")
     for name, (define, default, help_) in _SHARED_FLAGS.items():
@@ -138,6 +139,8 @@ def main(recipe: Recipe) -> None:
         flags.DEFINE_string("target", recipe.frozen_target, "frozen target checkpoint directory (HF format)")
     else:
         flags.DEFINE_integer("vocab_size", recipe.defaults.get("vocab_size", 4096), "BPE vocab size")
+        flags.DEFINE_string("tokenizer", recipe.defaults.get("tokenizer"), "reuse this tokenizer.json (e.g. a "
+                            "shipped model's, so that models share token ids) instead of training one")
     app.run(lambda argv: run(recipe))
 
 
@@ -218,7 +221,7 @@ def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
         corpus = data.prepare_corpus(F.data_dir, target.config.vocab_size, F.max_files,
                                      tokenizer_path=os.path.join(F.target, "tokenizer.json"))
     else:
-        corpus = data.prepare_corpus(F.data_dir, F.vocab_size, F.max_files)
+        corpus = data.prepare_corpus(F.data_dir, F.vocab_size, F.max_files, tokenizer_path=F.tokenizer or None)
     return Run(F, corpus, target, mesh, log)
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import ForwardOut
-from specjax.sampling import SamplingParams
+from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.trees import Tree
 
 
@@ -111,6 +111,15 @@ def _build_null(req: BuildRequest):
 
 
 register(DrafterSpec("none", _build_null, speculates=False))
+
+
+def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+    """A draft token per row from logits [B, V]: the argmax when greedy (probs None), else a sample from the
+    shared sampling transform's distribution, returned as q [B, V] for speculative sampling. key: [B] keys."""
+    if sp.greedy:
+        return jnp.argmax(logits, -1).astype(jnp.int32), None
+    probs = probabilities(logits, sp)
+    return jax.vmap(sample)(key, probs), probs
 
 
 def last_tokens(ctx: Context, n: int) -> jax.Array:

@@ -74,11 +74,11 @@ from jax import lax
 from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.config import ModelConfig
 from specjax.models.llama import apply_rope, attention, rms_norm, rope_inv_freq
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec, mask_from_parents
 
 KINDS = ("eagle", "eagle3")
@@ -530,13 +530,6 @@ class EagleDrafter:
         full = jnp.full(d.shape[:-1] + (self.config.vocab_size,), NEG_LOGIT, jnp.float32)
         return full.at[..., params["vocab_map"]].set(d)
 
-    @staticmethod
-    def _pick(logits, key, sp: SamplingParams):
-        if sp.greedy:
-            return jnp.argmax(logits, -1).astype(jnp.int32), None
-        probs = probabilities(logits, sp)
-        return jax.vmap(sample)(key, probs), probs
-
     # -- protocol
     def init(self, params, ctx: Context, target_out, sp):
         c = self.config.layer
@@ -553,7 +546,7 @@ class EagleDrafter:
             return self._propose_tree(params, state, ctx)
         k = self.num_tokens
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)          # [B, k] keys
-        tok, p = self._pick(self._logits(params, ctx, state.hidden), step_keys[:, 0], sp)
+        tok, p = pick_tokens(self._logits(params, ctx, state.hidden), step_keys[:, 0], sp)
         if k == 1:
             return Draft(tok[:, None], None if p is None else p[:, None]), state
 
@@ -561,7 +554,7 @@ class EagleDrafter:
             cache, tok, h = carry
             out, cache = self._run(params, ctx, tok[:, None], h[:, None], cache)
             h = out[:, 0]
-            nxt, q = self._pick(self._logits(params, ctx, h), key_i, sp)
+            nxt, q = pick_tokens(self._logits(params, ctx, h), key_i, sp)
             return (cache.replace(lengths=cache.lengths + 1), nxt, h), (nxt, q)
 
         (cache, _, _), (rest, rest_p) = lax.scan(body, (state.cache, tok, state.hidden),

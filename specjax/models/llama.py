@@ -90,8 +90,6 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
         depths = jnp.arange(T, dtype=jnp.int32)
     positions = cache.lengths[:, None] + jnp.broadcast_to(depths, (B, T))     # [B, T]
     inv_freq = rope_inv_freq(cfg)
-    new_lengths = cache.lengths + T
-    Hq, Hkv, D = cfg.num_heads, kv_heads(params, cfg), cfg.head_dim
 
     bad = [i for i in hidden_layers if not -1 < i < len(params["layers"])]
     if bad:
@@ -99,24 +97,39 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
     x = params["embed"][tokens] if input_embeds is None else input_embeds    # [B, T, H]
     layer_hidden = {}
     for i, lp in enumerate(params["layers"]):
-        h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
-        if cfg.attention_bias:
-            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-        q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
-        k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)         # [B, T, Hkv, D]
-        v = v.reshape(B, T, Hkv, D)
-        cache = cache.write(i, k, v, cache.lengths)
-        o = attention(q, cache.k[i], cache.v[i], new_lengths, mask, implementation=implementation,
-                      q_positions=positions, sliding_window=cfg.sliding_window)
-        x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
-        h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+        x, cache = decoder_layer(lp, cfg, x, positions, cache, i, mask, implementation=implementation,
+                                 inv_freq=inv_freq)
         if i in hidden_layers:
             layer_hidden[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     logits = lm_head(params, hidden, cfg.vocab_size)
     return ForwardOut(logits, hidden, tuple(layer_hidden[i] for i in hidden_layers), cache)
+
+
+def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array, cache: KVCache, index: int,
+                  mask: jax.Array | None = None, *, implementation: str = "xla",
+                  inv_freq: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """One pre-norm decoder layer over x [B, T, H] at RoPE positions [B, T]: its keys/values are written into
+    cache layer `index` at each row's cache.lengths and the T queries attend to everything before them (mask: as
+    forward's). -> (residual stream after the layer [B, T, H], cache; lengths not advanced). Also the layer of
+    drafters that run decoder layers of their own over target features (MTP modules, multi-token heads)."""
+    B, T = x.shape[:2]
+    Hq, Hkv, D = cfg.num_heads, lp["wk"].shape[-1] // cfg.head_dim, cfg.head_dim
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(cfg)
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+    if cfg.attention_bias:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
+    k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)         # [B, T, Hkv, D]
+    v = v.reshape(B, T, Hkv, D)
+    cache = cache.write(index, k, v, cache.lengths)
+    o = attention(q, cache.k[index], cache.v[index], cache.lengths + T, mask, implementation=implementation,
+                  q_positions=positions, sliding_window=cfg.sliding_window)
+    x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    return x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"], cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
