@@ -29,7 +29,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
