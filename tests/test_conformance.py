@@ -95,6 +95,15 @@ def identity_medusa(target: Model):
                                                                  "shared"), "identity")
 
 
+def near_pard(target: Model):
+    """A PARD draft: near(target) with 7 mean-embedding mask rows appended, so draft 1 is (nearly) the target's own
+    guess and the mask drafts are an untrained model's guesses: some accepted, many rejected."""
+    from specjax.drafters import pard
+    params, cfg = pard.add_mask_rows(near(target).params, target.config, 7)
+    return pard.PardModel(Model(cfg, params, None, "near-pard"), tuple(range(target.config.vocab_size,
+                                                                               cfg.vocab_size)))
+
+
 def informative_eagle(kind: str):
     from test_eagle import informative
     return lambda target: informative(target, kind)
@@ -134,6 +143,7 @@ FACTORIES = {
     "suffix": lambda c: (dict(method="suffix", num_speculative_tokens=c.k,
                               drafter_options=dict(suffix_decoding_max_cached_requests=64)), earlier_answers(c)),    # Lookahead's k is fixed by (W + G)(N - 1): the smallest shape at k = 1, a 2-level window beyond.
     "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
+    "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
 }
 
 
@@ -162,8 +172,9 @@ def _greedy_params():
         for k in ((0,) if name == "none" else KS[-1:] if "tree" in name else KS):
             for b in BATCHES:
                 eos = (k, b) == EOS_CASE or (name == "none" and b == EOS_CASE[1])
-                # k = 1 with batch mates adds little that k = 3 at the same batch does not: CI runs it in test-slow
-                marks = [pytest.mark.slow] if k == 1 and b > 1 else []
+                # k = 1 with batch mates adds little that k = 3 at the same batch does not: CI runs it in test-slow.
+                # PARD at k = 1 (no mask at all) is a draft model's T = 2 catch-up step: test-slow too (budget).
+                marks = [pytest.mark.slow] if k == 1 and (b > 1 or name == "pard") else []
                 yield pytest.param(name, k, b, eos, id=f"{name}-k{k}-b{b}" + ("-eos" if eos else ""), marks=marks)
 
 

@@ -134,15 +134,24 @@ class DraftModelDrafter:
         return cache
 
 
-def check_same_vocabulary(target, draft) -> None:
-    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage)."""
-    if draft.config.vocab_size != target.config.vocab_size:
+def check_same_vocabulary(target, draft, extra_tokens: int = 0) -> None:
+    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage).
+    extra_tokens: draft-only tokens appended after the target's (PARD's mask tokens); the draft's first
+    target-vocab_size ids must still map to the target's strings."""
+    V = target.config.vocab_size
+    if draft.config.vocab_size != V + extra_tokens:
+        want = f"{V}" if not extra_tokens else \
+            f"the target's {V} plus its {extra_tokens} mask tokens = {V + extra_tokens}"
         raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} has vocab_size "
-                         f"{draft.config.vocab_size}, target {target.name!r} has {target.config.vocab_size}")
+                         f"{draft.config.vocab_size}, target {target.name!r} has {V}; expected {want}")
     if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        vocab = draft.tokenizer.get_vocab()
+        if extra_tokens:
+            vocab = {t: i for t, i in vocab.items() if i < V}
+        if target.tokenizer.get_vocab() != vocab:
             raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} and target {target.name!r} have "
-                             "the same vocab_size but different tokenizers (token ids map to different strings)")
+                             f"the same {V}-token vocabulary size but different tokenizers (token ids map to "
+                             "different strings): the draft was made for another tokenizer")
 
 
 def _load(target, path_or_name) -> "Model":
