@@ -339,6 +339,8 @@ def save_pretrained(params: dict, cfg: ModelConfig, path, tokenizer=None, dtype:
 
     if tokenizer is not None:
         tok_path = os.path.join(path, TOKENIZER_NAME)
+        if os.path.islink(tok_path):       # a shipped directory shares its target's file: never write through it
+            os.remove(tok_path)
         if hasattr(tokenizer, "save") and not hasattr(tokenizer, "save_pretrained"):
             tokenizer.save(tok_path)                          # tokenizers.Tokenizer
         elif hasattr(tokenizer, "backend_tokenizer"):
