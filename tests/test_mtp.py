@@ -101,7 +101,7 @@ def test_drafts_are_the_training_forward_on_the_drafted_prefix(target, kind, dep
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 3])   # make test budget
 def test_mtp_beyond_its_depth_reuses_the_last_module(target, baselines, batch):
     """k = 4 drafts from 2 modules (module 2 runs again for drafts 3 and 4): still exactly plain greedy."""
     w = informative(target, "mtp", 2)
