@@ -163,29 +163,10 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                                                                   F.eval_steps, d2t))
     n = F.eval_steps
 
-    def counts_over(params, subset: np.ndarray):
-        tot = [np.zeros(n), np.zeros(n), np.zeros(n), 0]
-        for start in range(0, len(subset), 32):
-            out = accuracy(params, target.params, jnp.asarray(subset[start:start + 32]))
-            for j, x in enumerate(out):
-                tot[j] = tot[j] + np.asarray(x, np.float64)
-        return tot
-
     def evaluate(params, max_tokens: int | None = None) -> dict:
-        idx = np.arange(len(heldout))
-        if max_tokens is not None:                 # evenly spaced: greedy and sampled rows alike
-            k = min(len(heldout), max(8, max_tokens // heldout.shape[1]))
-            idx = np.unique(np.linspace(0, len(heldout) - 1, k).round().astype(int))
-        parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
-        tots = {name: counts_over(params, heldout[ix]) for name, ix in parts.items() if len(ix)}
-        hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
-        out = {f"heldout_acc{i}": float(hits[i] / max(labels[i], 1)) for i in range(n)}
-        out.update({f"heldout_chain{i}": float(chain[i] / max(chains, 1)) for i in range(n)})
-        out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
-        for name, t in tots.items():
-            out[f"heldout_accept_len_{name}"] = float(t[2].sum() / max(t[3], 1))
-        out["heldout_rows"] = int(len(idx))
-        return out
+        tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
+                                                heldout, n_greedy, n, max_tokens)
+        return {**self_distill.chain_metrics(tots, n), "heldout_rows": int(len(idx))}
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)

@@ -58,29 +58,10 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     D = F.depth
     accuracy = jax.jit(lambda p, frozen, r: losses.mtp_accuracy(p, frozen, tcfg, cfg, r, prompt_len))
 
-    def counts_over(params, subset: np.ndarray):
-        tot = [np.zeros(D), np.zeros(D), np.zeros(D), 0]
-        for start in range(0, len(subset), 32):
-            out = accuracy(params, target.params, jnp.asarray(subset[start:start + 32]))
-            for j, x in enumerate(out):
-                tot[j] = tot[j] + np.asarray(x, np.float64)
-        return tot
-
     def evaluate(params, max_tokens: int | None = None) -> dict:
-        idx = np.arange(len(heldout))
-        if max_tokens is not None:                 # evenly spaced: greedy and sampled rows alike
-            k = min(len(heldout), max(8, max_tokens // heldout.shape[1]))
-            idx = np.unique(np.linspace(0, len(heldout) - 1, k).round().astype(int))
-        parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
-        tots = {name: counts_over(params, heldout[ix]) for name, ix in parts.items() if len(ix)}
-        hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
-        out = {f"heldout_acc{d}": float(hits[d] / max(labels[d], 1)) for d in range(D)}
-        out.update({f"heldout_chain{d}": float(chain[d] / max(chains, 1)) for d in range(D)})
-        out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
-        for name, t in tots.items():
-            out[f"heldout_accept_len_{name}"] = float(t[2].sum() / max(t[3], 1))
-        out["heldout_rows"] = int(len(idx))
-        return out
+        tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
+                                                heldout, n_greedy, D, max_tokens)
+        return {**self_distill.chain_metrics(tots, D), "heldout_rows": int(len(idx))}
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)

@@ -84,20 +84,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         data_desc = f"packed {F.seq_len}-token windows of the stdlib training split, every position a label"
     accuracy = jax.jit(lambda p, frozen, r: losses.pard_accuracy(p, frozen, cfg, tcfg, r, mask_ids, k, prompt_len))
 
-    def counts_over(params, subset: np.ndarray):
-        tot = [np.zeros(k), np.zeros(k), np.zeros(k), 0]
-        for start in range(0, len(subset), 16):
-            out = accuracy(params, target.params, jnp.asarray(subset[start:start + 16]))
-            tot = [t + np.asarray(x, np.float64) for t, x in zip(tot, out)]
-        return tot
-
     def evaluate(params, max_tokens: int | None = None) -> dict:
-        idx = np.arange(len(heldout))
-        if max_tokens is not None:                 # evenly spaced: greedy and sampled rows alike
-            n = min(len(heldout), max(16, max_tokens // heldout.shape[1]))
-            idx = np.unique(np.linspace(0, len(heldout) - 1, n).round().astype(int))
-        parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
-        tots = {name: counts_over(params, heldout[ix]) for name, ix in parts.items() if len(ix)}
+        tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
+                                                heldout, n_greedy, k, max_tokens, min_rows=16, batch=16)
         hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
         out = {f"heldout_acc{j}": float(hits[j] / max(labels[j], 1)) for j in range(k)}
         out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
@@ -107,7 +96,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             out[f"heldout_accept_len_k4_{name}"] = float(t[2][:4].sum() / max(t[3], 1))
             if name == "greedy":
                 out.update({f"heldout_chain{j}_greedy": float(t[2][j] / max(t[3], 1)) for j in range(k)})
-        out["heldout_rows"], out["heldout_rows_greedy"] = int(len(idx)), int(len(parts["greedy"]))
+        out["heldout_rows"] = int(len(idx))
+        out["heldout_rows_greedy"] = int((idx < n_greedy).sum())
         return out
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:

@@ -120,3 +120,40 @@ if __name__ == "__main__":
     flags.DEFINE_integer("seed", 0, "prompt offsets and sampling seed")
     flags.DEFINE_integer("max_files", None, "stdlib file subset (tests)")
     app.run(main)
+
+
+def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int, max_tokens: int | None,
+                   min_rows: int = 8, batch: int = 32) -> tuple[dict, np.ndarray]:
+    """The drafter recipes' held-out evaluation on self-distilled rows (greedy rows first, as build() writes them).
+    count(params, rows [b, R]) -> (hits [width], labels [width], chain_hits [width], chains), summed here over
+    batches of rows, separately for the greedy and the sampled rows; with max_tokens, evenly spaced rows (greedy
+    and sampled alike) covering about that many tokens. -> ({"greedy"|"sampled": [hits, labels, chain_hits,
+    chains]}, the row indices used)."""
+    idx = np.arange(len(heldout))
+    if max_tokens is not None:
+        n = min(len(heldout), max(min_rows, max_tokens // heldout.shape[1]))
+        idx = np.unique(np.linspace(0, len(heldout) - 1, n).round().astype(int))
+    parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
+    tots = {}
+    for name, ix in parts.items():
+        if not len(ix):
+            continue
+        tot = [np.zeros(width), np.zeros(width), np.zeros(width), 0]
+        for start in range(0, len(ix), batch):
+            out = count(params, heldout[ix[start:start + batch]])
+            tot = [t + np.asarray(x, np.float64) for t, x in zip(tot, out)]
+        tots[name] = tot
+    return tots, idx
+
+
+def chain_metrics(tots: dict, width: int) -> dict:
+    """heldout_counts' totals -> per-position top-1 agreement (heldout_acc<i>), chain agreement (heldout_chain<i>:
+    positions 0..i all agree) and the expected accepted length of a width-token chain, over all rows and per part
+    (heldout_accept_len[_greedy|_sampled]; on greedy rows exactly what greedy verification accepts)."""
+    hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
+    out = {f"heldout_acc{i}": float(hits[i] / max(labels[i], 1)) for i in range(width)}
+    out.update({f"heldout_chain{i}": float(chain[i] / max(chains, 1)) for i in range(width)})
+    out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
+    for name, t in tots.items():
+        out[f"heldout_accept_len_{name}"] = float(t[2].sum() / max(t[3], 1))
+    return out

@@ -33,10 +33,10 @@ import jax.numpy as jnp
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft
-from specjax.drafters.draft_model import _param_specs, _prepare_params, check_same_vocabulary
+from specjax.drafters.draft_model import DraftModelDrafter, _param_specs, _prepare_params, check_same_vocabulary
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.config import ModelConfig
-from specjax.models.llama import forward, kv_heads
+from specjax.models.llama import forward
 from specjax.sampling import SamplingParams, probabilities, sample
 
 MASK_TOKEN = "<|pard_mask_{}|>"
@@ -61,13 +61,8 @@ class PardDrafter:
     implementation: str = "xla"
 
     def init(self, params, ctx: Context, target_out, sp) -> KVCache:
-        B = ctx.tokens.shape[0]
-        cfg = self.config
-        cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
-                             params["embed"].dtype)
-        prompt = ctx.tokens[:, :int(target_out.logits.shape[1])]                 # [B, P] right-padded prompt
-        out = forward(params, cfg, prompt, cache, implementation=self.implementation)
-        return out.cache.replace(lengths=ctx.prompt_length)
+        """The draft's prefill over the prompt, as a draft model's (the masks are only ever fed by propose)."""
+        return DraftModelDrafter.init(self, params, ctx, target_out, sp)
 
     def draft_logits(self, params, cache: KVCache, ctx: Context) -> tuple[jax.Array, KVCache]:
         """The one draft forward -> (logits [B, k, V] of drafts 1..k, cut to the target's vocabulary; the cache
