@@ -5,7 +5,7 @@ greedy matrix checks that, so comparing with plain saves a compile per factory.)
 
 Coverage: every drafter module of the package runs here through its factory -- base.py (none), draft_model.py,
 ngram.py, predicted.py, medusa.py, eagle.py (eagle, eagle3), suffix.py (suffix, its global cache on the mesh),
-lookahead.py (lookahead) -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
+lookahead.py (lookahead), mtp.py (mtp, mtp_heads), pard.py (pard) -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
 directory, so the artifact convention is exercised on the mesh too."""
 from __future__ import annotations
 

@@ -142,10 +142,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
     ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-    prompt_len = ds["meta"]["prompt_len"]
-    rows = np.load(os.path.join(ds["dir"], "train.npy"), mmap_mode="r")
-    heldout = np.asarray(ds["heldout"], np.int32)
-    n_greedy = int(round(ds["meta"]["greedy_fraction"] * len(heldout)))   # train.self_distill: greedy rows first
+    prompt_len, rows, heldout, n_greedy = self_distill.recipe_rows(ds)
     ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
     noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
     cfg = drafter_config(F, target)

@@ -71,9 +71,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     params, cfg = pard.add_mask_rows(draft.params, draft.config, F.num_masks)
     k = F.num_masks + 1
     ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-    prompt_len = ds["meta"]["prompt_len"]
-    heldout = np.asarray(ds["heldout"], np.int32)
-    n_greedy = int(round(ds["meta"]["greedy_fraction"] * len(heldout)))   # train.self_distill: greedy rows first
+    prompt_len, _, heldout, n_greedy = self_distill.recipe_rows(ds)
     if F.data == "selfdistill":
         batches, first_label = data.RowBatches(ds["train"], F.batch_size, F.seed), prompt_len
         data_desc = (f"{len(ds['train'])} continuations the target generated itself (train.self_distill, half "

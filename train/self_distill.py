@@ -19,6 +19,8 @@ import json
 import os
 import time
 
+from typing import NamedTuple
+
 import numpy as np
 
 DEFAULT_DIR = os.path.join("data", "selfdistill")
@@ -120,6 +122,20 @@ if __name__ == "__main__":
     flags.DEFINE_integer("seed", 0, "prompt offsets and sampling seed")
     flags.DEFINE_integer("max_files", None, "stdlib file subset (tests)")
     app.run(main)
+
+
+class RecipeRows(NamedTuple):
+    """What the drafter recipes read of a build() result."""
+    prompt_len: int            # labels before this column are corpus prompt tokens
+    rows: np.ndarray           # [N, R] training rows (memory-mapped)
+    heldout: np.ndarray        # [M, R] int32 held-out rows, greedy ones first
+    n_greedy: int              # how many held-out rows are greedy
+
+
+def recipe_rows(ds: dict) -> RecipeRows:
+    heldout = np.asarray(ds["heldout"], np.int32)
+    return RecipeRows(ds["meta"]["prompt_len"], np.load(os.path.join(ds["dir"], "train.npy"), mmap_mode="r"),
+                      heldout, int(round(ds["meta"]["greedy_fraction"] * len(heldout))))
 
 
 def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int, max_tokens: int | None,
