@@ -20,9 +20,10 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 
 from absl import app, flags
+
+from experiments.revisions import REPO, revision_checkout
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("base", "HEAD", "git revision to compare the working tree against")
@@ -31,7 +32,6 @@ flags.DEFINE_integer("rounds", 5, "alternating timing rounds")
 flags.DEFINE_integer("max_new_tokens", 128, "tokens per prompt")
 flags.DEFINE_integer("batch", 1, "prompts per generate() call")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKER = r'''
 import hashlib, json, re, sys, time
@@ -96,26 +96,20 @@ def read(proc: subprocess.Popen, tag: str) -> dict:
 
 def main(argv):
     del argv
-    with tempfile.TemporaryDirectory() as tmp:
-        base_dir = os.path.join(tmp, "base")
-        subprocess.run(["git", "worktree", "add", "--detach", base_dir, FLAGS.base], cwd=REPO, check=True,
-                       capture_output=True)
-        try:
-            sides = {"base": start(base_dir), "new": start(REPO)}
-            hlo = {name: read(p, "READY") for name, p in sides.items()}
-            times = {name: {m: [] for m in FLAGS.methods} for name in sides}
-            for r in range(FLAGS.rounds):
-                for name, p in sides.items():
-                    p.stdin.write("run\n")
-                    p.stdin.flush()
-                    for m, v in read(p, "TIMES").items():
-                        times[name][m].append(v)
-                print(f"round {r + 1}/{FLAGS.rounds} done", flush=True)
-            for p in sides.values():
-                p.stdin.close()
-                p.wait()
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", base_dir], cwd=REPO, capture_output=True)
+    with revision_checkout(FLAGS.base) as base_dir:
+        sides = {"base": start(base_dir), "new": start(REPO)}
+        hlo = {name: read(p, "READY") for name, p in sides.items()}
+        times = {name: {m: [] for m in FLAGS.methods} for name in sides}
+        for r in range(FLAGS.rounds):
+            for name, p in sides.items():
+                p.stdin.write("run\n")
+                p.stdin.flush()
+                for m, v in read(p, "TIMES").items():
+                    times[name][m].append(v)
+            print(f"round {r + 1}/{FLAGS.rounds} done", flush=True)
+        for p in sides.values():
+            p.stdin.close()
+            p.wait()
     median = lambda xs: sorted(xs)[len(xs) // 2]
     print(f"\nbase = {FLAGS.base}, new = working tree; batch {FLAGS.batch}, {FLAGS.max_new_tokens} new tokens, "
           f"k = 4, median of {FLAGS.rounds} alternating rounds")

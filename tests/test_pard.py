@@ -85,8 +85,8 @@ def test_cache_holds_committed_tokens_and_drafts_match_a_plain_forward(target):
         for b in range(B):
             n = int(length[b])
             fresh = prefill(jnp.asarray(tokens[b:b + 1]))
-            np.testing.assert_allclose(state.k[:, b, :n], fresh.k[:, 0, :n], atol=1e-5)
-            np.testing.assert_allclose(state.v[:, b, :n], fresh.v[:, 0, :n], atol=1e-5)
+            np.testing.assert_allclose(np.stack(state.k)[:, b, :, :n], np.stack(fresh.k)[:, 0, :, :n], atol=1e-5)
+            np.testing.assert_allclose(np.stack(state.v)[:, b, :, :n], np.stack(fresh.v)[:, 0, :, :n], atol=1e-5)
             seq = np.zeros((1, L), np.int32)
             seq[0, :n + k - 1] = np.concatenate([tokens[b, :n], p.mask_token_ids[:k - 1]])
             ref = jax.nn.softmax(plain_logits(jnp.asarray(seq))[0, n - 1:n + k - 1, :61], -1)     # [k, V]

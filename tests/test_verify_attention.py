@@ -46,10 +46,10 @@ def path(parents, i):
 def make_inputs(B, T, S, Hq, Hkv, D, dtype, lengths, seed=0):
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
     q = jax.random.normal(ks[0], (B, T, Hq, D), jnp.float32).astype(dtype)
-    k = jax.random.normal(ks[1], (B, S, Hkv, D), jnp.float32).astype(dtype)
-    v = jax.random.normal(ks[2], (B, S, Hkv, D), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (B, Hkv, S, D), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (B, Hkv, S, D), jnp.float32).astype(dtype)
     lengths = jnp.asarray(lengths, jnp.int32)
-    used = (jnp.arange(S)[None, :] < lengths[:, None])[:, :, None, None]
+    used = (jnp.arange(S)[None, :] < lengths[:, None])[:, None, :, None]
     k = jnp.where(used, k, jnp.nan).astype(dtype)                      # poison unused slots
     v = jnp.where(used, v, jnp.nan).astype(dtype)
     return q, k, v, lengths
@@ -61,7 +61,7 @@ def naive(q, k, v, lengths, parents_per_batch=None):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     lengths = np.asarray(lengths)
     B, T, Hq, D = q.shape
-    G = Hq // k.shape[2]
+    G = Hq // k.shape[1]
     out = np.zeros(q.shape)
     lse = np.zeros(q.shape[:3])
     for b in range(B):
@@ -70,7 +70,7 @@ def naive(q, k, v, lengths, parents_per_batch=None):
             new = list(range(t + 1)) if parents_per_batch is None else path(parents_per_batch[b], t)
             cols = list(range(start)) + [start + j for j in new]
             for h in range(Hq):
-                kk, vv = k[b, cols, h // G], v[b, cols, h // G]
+                kk, vv = k[b, h // G, cols], v[b, h // G, cols]
                 s = kk @ q[b, t, h] / np.sqrt(D)
                 mx = s.max()
                 p = np.exp(s - mx)
@@ -101,25 +101,38 @@ TREE_CASES = [
 ]
 
 
-def test_reference_equals_naive_causal():
+@pytest.mark.parametrize("formulation", ["dot", "fused"])
+def test_reference_equals_naive_causal(formulation):
     q, k, v, lengths = make_inputs(3, 4, 20, 4, 2, 16, jnp.float32, [4, 11, 20])
-    out, lse = verify_attention_reference(q, k, v, lengths, return_lse=True)
+    out, lse = verify_attention_reference(q, k, v, lengths, return_lse=True, formulation=formulation)
     want, want_lse = naive(q, k, v, lengths)
     check(out, want, jnp.float32, "reference out")
     check(lse, want_lse, jnp.float32, "reference lse")
 
 
-def test_reference_tree_equals_naive_path():
+@pytest.mark.parametrize("formulation", ["dot", "fused"])
+def test_reference_tree_equals_naive_path(formulation):
     parents = [[-1, 0, 0, 1, 2], [-1, 0, 1, 1, 0]]
     q, k, v, lengths = make_inputs(2, 5, 16, 2, 1, 16, jnp.float32, [9, 16])
     mask = jnp.asarray(np.stack([parents_to_mask(p) for p in parents]))
-    out, lse = verify_attention_reference(q, k, v, lengths, mask, return_lse=True)
+    out, lse = verify_attention_reference(q, k, v, lengths, mask, return_lse=True, formulation=formulation)
     want, want_lse = naive(q, k, v, lengths, parents)
     check(out, want, jnp.float32, "reference tree out")
     check(lse, want_lse, jnp.float32, "reference tree lse")
     # A shared [T, T] mask with B > 1 (broadcast over the batch).
-    out2 = verify_attention_reference(q, k, v, lengths, mask[0])
+    out2 = verify_attention_reference(q, k, v, lengths, mask[0], formulation=formulation)
     check(out2, naive(q, k, v, lengths, [parents[0]] * 2)[0], jnp.float32, "reference shared tree")
+
+
+def test_reference_auto_formulation_by_size():
+    """On a CPU "auto" takes the fused loops for a few query rows over a large cache, the dots otherwise; both
+    give the naive answer (checked above), so the choice only moves time."""
+    from pallas_kernels.verify_attention.reference import FUSED_MIN_KV_BYTES, FUSED_MAX_ROWS, _use_fused
+    assert _use_fused("auto", FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES) == (jax.default_backend() == "cpu")
+    assert not _use_fused("auto", FUSED_MAX_ROWS + 1, FUSED_MIN_KV_BYTES)
+    assert not _use_fused("auto", 2, FUSED_MIN_KV_BYTES - 1)
+    with pytest.raises(ValueError, match="formulation"):
+        _use_fused("einsum", 2, 0)
 
 
 @pytest.mark.parametrize("impl,kw", KERNELS)
@@ -184,7 +197,7 @@ def test_lowers_for_device(platform):
     from pallas_kernels.verify_attention.tpu import verify_attention_tpu
     B, T, S = 2, 5, 1000
     q = jax.ShapeDtypeStruct((B, T, 32, 128), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((B, S, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((B, 8, S, 128), jnp.bfloat16)
     lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
     mask = jax.ShapeDtypeStruct((B, T, T), jnp.bool_)
     if platform == "cuda":
@@ -250,7 +263,7 @@ def test_bad_inputs_raise(impl):
     with pytest.raises(ValueError, match="multiple"):
         call(jnp.zeros((2, 4, 3, 16)), k, v, lengths)
     with pytest.raises(ValueError, match="shapes differ"):
-        call(q, k, v[:, :8], lengths)
+        call(q, k, v[:, :, :8], lengths)
     with pytest.raises(ValueError, match="head_dim"):
         call(q, k[..., :8], v[..., :8], lengths)
     with pytest.raises(ValueError, match="mask"):

@@ -120,8 +120,8 @@ def main(argv=None) -> int:
             key = jax.random.PRNGKey(B * 100003 + ctx)
             kk, kv, kq = jax.random.split(key, 3)
             try:
-                k = jax.random.normal(kk, (B, ctx, Hkv, D), dtype)
-                v = jax.random.normal(kv, (B, ctx, Hkv, D), dtype)
+                k = jax.random.normal(kk, (B, Hkv, ctx, D), dtype)
+                v = jax.random.normal(kv, (B, Hkv, ctx, D), dtype)
             except Exception as e:                                 # noqa: BLE001 (e.g. out of memory)
                 print(f"# skip B={B} ctx={ctx}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue

@@ -3,8 +3,8 @@
 Public entry: `verify_attention(q, k_cache, v_cache, lengths, mask=None, *, implementation="pallas", ...)`.
 
   q        [B, T, Hq, D]     the T new query positions of each row
-  k_cache  [B, S, Hkv, D]    cache; slots 0 .. lengths-1 valid, the new positions' own K/V at lengths-T .. lengths-1
-  v_cache  [B, S, Hkv, D]
+  k_cache  [B, Hkv, S, D]    cache; slots 0 .. lengths-1 valid, the new positions' own K/V at lengths-T .. lengths-1
+  v_cache  [B, Hkv, S, D]
   lengths  [B] int32         valid slots INCLUDING the T new ones. Requires T <= lengths <= S (values are traced,
                              so this is NOT checked; out-of-range lengths give unspecified results)
   mask     None (causal chain) or bool [T, T] / [B, T, T] tree ancestor mask, mask[i, j]: node i sees node j
@@ -35,11 +35,11 @@ def validate_inputs(q, k_cache, v_cache, lengths, mask=None) -> None:
     if q.ndim != 4:
         raise ValueError(f"q must be [B, T, Hq, D], got shape {q.shape}")
     if k_cache.ndim != 4:
-        raise ValueError(f"k_cache must be [B, S, Hkv, D], got shape {k_cache.shape}")
+        raise ValueError(f"k_cache must be [B, Hkv, S, D], got shape {k_cache.shape}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache shapes differ: {k_cache.shape} vs {v_cache.shape}")
     B, T, Hq, D = q.shape
-    Bk, S, Hkv, Dk = k_cache.shape
+    Bk, Hkv, S, Dk = k_cache.shape
     if Bk != B:
         raise ValueError(f"batch mismatch: q has B={B}, cache has B={Bk}")
     if Dk != D:

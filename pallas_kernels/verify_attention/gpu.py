@@ -135,24 +135,24 @@ def default_num_splits(batch: int, num_kv_heads: int, num_row_blocks: int, num_c
 def verify_attention_gpu(q, k_cache, v_cache, lengths, mask=None, *, scale: float, block_kv: int = 64,
                          block_m: int | None = None, num_splits: int | None = 1, num_warps: int = 4,
                          num_stages: int = 2, interpret: bool = False):
-    """q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D]; lengths [B] int32; mask None or bool [B, T, T].
+    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, S, D]; lengths [B] int32; mask None or bool [B, T, T].
     Returns (out [B, T, Hq, D] in q's dtype, lse [B, T, Hq] float32). Shapes are validated by the caller."""
     B, T, Hq, D = q.shape
-    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     rows = T * G
 
     # Triton wants power-of-two tiles; pad head_dim (a copy of the cache: only for unusual head sizes).
     Dp = max(16, _next_pow2(D))
     if Dp != D:
-        pad = ((0, 0), (0, 0), (0, 0), (0, Dp - D))
+        pad = ((0, 0), (0, 0), (0, 0), (0, Dp - D))                    # last axis of q and of the cache
         q, k_cache, v_cache = jnp.pad(q, pad), jnp.pad(k_cache, pad), jnp.pad(v_cache, pad)
     tail_n = max(16, _next_pow2(T))
     block_kv = max(16, _next_pow2(block_kv))
     block_kv = min(block_kv, max(16, _prev_pow2(S)))                   # no wider than the cache
     min_cols = max(block_kv, tail_n)
     if S < min_cols:                                                    # tiny caches only (tests)
-        pad = ((0, 0), (0, min_cols - S), (0, 0), (0, 0))
+        pad = ((0, 0), (0, 0), (0, min_cols - S), (0, 0))
         k_cache, v_cache = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad)
         S = min_cols
 
@@ -173,8 +173,8 @@ def verify_attention_gpu(q, k_cache, v_cache, lengths, mask=None, *, scale: floa
     in_specs = [
         pl.BlockSpec((B,), lambda b, h, r, s: (0,)),
         pl.BlockSpec((None, None, block_m, Dp), lambda b, h, r, s: (b, h, r, 0)),
-        pl.BlockSpec((None, S, None, Dp), lambda b, h, r, s: (b, 0, h, 0)),
-        pl.BlockSpec((None, S, None, Dp), lambda b, h, r, s: (b, 0, h, 0)),
+        pl.BlockSpec((None, None, S, Dp), lambda b, h, r, s: (b, h, 0, 0)),
+        pl.BlockSpec((None, None, S, Dp), lambda b, h, r, s: (b, h, 0, 0)),
     ]
     if has_mask:
         mrows = jnp.repeat(jnp.broadcast_to(mask, (B, T, T)), G, axis=1).astype(jnp.float32)   # [B, T*G, T]

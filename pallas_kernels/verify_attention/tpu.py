@@ -1,10 +1,11 @@
 """Verify attention on TPU: Pallas Mosaic, lengths scalar-prefetched, KV cache streamed from HBM in blocks.
 
-Grid (B, S / block_kv): the KV axis is the innermost, "arbitrary" (sequential) axis. The cache is viewed as
-[B, S, Hkv * D] (a free reshape of [B, S, Hkv, D]) so one block is a contiguous [block_kv, Hkv * D] slab whose last
-dim spans the array (legal TPU tiling) and one DMA brings every kv head. The block index map clamps the KV block to
-the last block that holds valid slots (`lengths` is scalar-prefetched), so blocks past the length repeat the
-previous index and the pipeline skips their DMA; the kernel body skips their compute with pl.when.
+Grid (B, S / block_kv): the KV axis is the innermost, "arbitrary" (sequential) axis. One block of the
+[B, Hkv, S, D] cache is [Hkv, block_kv, D]: every kv head's slots of that KV block in one DMA, each head a
+contiguous [block_kv, D] tile whose last dim spans the array (legal TPU tiling; lane-dense for head_dim 128). The
+block index map clamps the KV block to the last block that holds valid slots (`lengths` is scalar-prefetched),
+so blocks past the length repeat the previous index and the pipeline skips their DMA; the kernel body skips their
+compute with pl.when.
 
 Inside a step, for every kv head h (static loop) the T x G query rows sharing that head form one [M, D] tile
 (GQA packing, M padded to a multiple of 16) and update a float32 online softmax held in VMEM scratch. Blocks that
@@ -34,7 +35,7 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, num_kv_head
             has_mask, num_kv_blocks):
     # lengths_ref: [B] int32 in SMEM (scalar prefetch)
     # q_ref: [Hkv, M, D]             rows r = t * G + g, zero padded to M
-    # k_ref, v_ref: [block_kv, Hkv * D]  one KV block of row b, all kv heads
+    # k_ref, v_ref: [Hkv, block_kv, D]  one KV block of row b, all kv heads
     # mask_ref (tree only): [M, Tp] float32, mask_ref[r, j] = mask[b, r // G, j]
     # o_ref: [Hkv, M, D] (q dtype); lse_ref: [Hkv, M, 128] float32 (lane-replicated)
     # scratch: m_sc, l_sc [Hkv, M, 128] float32; acc_sc [Hkv, M, D] float32
@@ -60,8 +61,8 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, num_kv_head
         # vis: [M, block_kv] bool or None (all visible); v_ok: [block_kv, D] bool or None (all readable)
         for h in range(num_kv_heads):
             q = q_ref[h]                                                          # [M, D]
-            k = k_ref[:, h * head_dim:(h + 1) * head_dim]                         # [N, D]
-            v = v_ref[:, h * head_dim:(h + 1) * head_dim]                         # [N, D]
+            k = k_ref[h]                                                          # [N, D]
+            v = v_ref[h]                                                          # [N, D]
             s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32) * scale      # [M, N]
             if vis is not None:
@@ -117,11 +118,11 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, num_kv_head
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "interpret", "vmem_limit_bytes"))
 def verify_attention_tpu(q, k_cache, v_cache, lengths, mask=None, *, scale: float, block_kv: int = 512,
                          interpret=False, vmem_limit_bytes: int | None = None):
-    """q [B, T, Hq, D]; k_cache, v_cache [B, S, Hkv, D]; lengths [B] int32; mask None or bool [B, T, T].
+    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, S, D]; lengths [B] int32; mask None or bool [B, T, T].
     Returns (out [B, T, Hq, D] in q's dtype, lse [B, T, Hq] float32). Shapes are validated by the caller.
     `interpret`: False on TPU, or a pltpu.InterpretParams to simulate TPU semantics on CPU."""
     B, T, Hq, D = q.shape
-    S, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     rows = T * G
     m_pad = _round_up(rows, 16)
@@ -130,19 +131,17 @@ def verify_attention_tpu(q, k_cache, v_cache, lengths, mask=None, *, scale: floa
 
     qp = q.reshape(B, T, Hkv, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, rows, D)
     qp = jnp.pad(qp, ((0, 0), (0, 0), (0, m_pad - rows), (0, 0)))      # [B, Hkv, M, D]
-    k2 = k_cache.reshape(B, S, Hkv * D)                                  # free reshape
-    v2 = v_cache.reshape(B, S, Hkv * D)
 
     def kv_index(b, i, lengths_ref):
         last = jnp.maximum(lax.div(lengths_ref[b] + block_kv - 1, block_kv) - 1, 0)
-        return (b, jnp.minimum(i, last), 0)                             # no fetch past the valid length
+        return (b, 0, jnp.minimum(i, last), 0)                          # no fetch past the valid length
 
     has_mask = mask is not None
-    inputs = [qp, k2, v2]
+    inputs = [qp, k_cache, v_cache]
     in_specs = [
         pl.BlockSpec((None, Hkv, m_pad, D), lambda b, i, lengths_ref: (b, 0, 0, 0)),
-        pl.BlockSpec((None, block_kv, Hkv * D), kv_index),
-        pl.BlockSpec((None, block_kv, Hkv * D), kv_index),
+        pl.BlockSpec((None, Hkv, block_kv, D), kv_index),
+        pl.BlockSpec((None, Hkv, block_kv, D), kv_index),
     ]
     if has_mask:
         tp = _round_up(T, _LANES)

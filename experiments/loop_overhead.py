@@ -1,0 +1,193 @@
+"""Where the decode loop's step time goes, per batch size, before and after a change, in one run.
+
+  python -m experiments.loop_overhead --base=31b88a8 --batch_sizes=1,8,32,64
+
+For each side (the working tree, and --base in a temporary git worktree when given) a worker process running that
+side's library measures plain greedy decoding of the shipped target on HumanEval prompts:
+  step     one iteration of the compiled loop: (time of N new tokens - time of N/2) / (N/2), same buffer, so
+           prefill and compilation cancel out;
+  forward  one cached target forward over T = 1 position at the loop's mean context and buffer, the cache carried
+           through a lax.fori_loop as the loop carries it (so its writes can be in place);
+  attn     the forward's attention alone (every layer), and `write` its cache writes alone, at the same shapes;
+  loop     step - forward: what the loop spends outside the forward (token writes, stopping, stats, sampling);
+  tok/s    generated tokens / wall time of the whole generation (prefill included), as an engine is measured.
+Both sides compile first, then take turns, one round of every measurement each, so drift in the machine's speed
+hits both alike; each number is the fastest of its --reps rounds (the slower ones measure the neighbours on a
+shared machine). The table goes to --out as JSON.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json
+import subprocess
+import sys
+
+from absl import app, flags
+
+from experiments.revisions import REPO, revision_checkout
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("base", None, "git revision to measure beside the working tree (None: the working tree only)")
+flags.DEFINE_list("batch_sizes", ["1", "8", "32", "64"], "batch sizes")
+flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (N); the step time is taken between N/2 and N")
+flags.DEFINE_integer("reps", 7, "alternating timing rounds (the fastest of each measurement is kept)")
+flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF directory")
+flags.DEFINE_string("out", "runs/loop_overhead.json", "where the table is written")
+
+# Runs against whichever library is first on PYTHONPATH: only APIs that every revision since the KV-cache layout
+# change and before it share (decode, KVCache, forward, the reference attention).
+WORKER = r'''
+import json, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+import specjax
+from specjax import SpecConfig
+from specjax.api import make_drafter, right_pad
+from specjax.cache import KVCache
+from specjax.decode import decode
+from specjax.models.llama import forward, kv_heads
+from pallas_kernels.verify_attention.reference import verify_attention_reference
+from experiments.prompts import humaneval_prompts
+
+batches, new, target_name = [int(b) for b in sys.argv[1].split(",")], int(sys.argv[2]), sys.argv[3]
+model = specjax.load_model(target_name)
+cfg = model.config
+Hkv = kv_heads(model.params, cfg)
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+def looped(body, carry, inner):
+    run = jax.jit(lambda c: lax.fori_loop(0, inner, body, c))
+    return lambda: jax.block_until_ready(run(carry))
+
+INNER = 16
+cases = []                      # per batch size: its info and {name: (callable, divisor)}
+for B in batches:
+    texts = (humaneval_prompts(164) * (B // 164 + 1))[:B]
+    ids = [model.encode(t) for t in texts]
+    P = max(len(r) for r in ids)
+    buf = -(-(P + new + 1) // 64) * 64
+    prompts = jnp.asarray(right_pad(ids, P))
+    plens = jnp.asarray([len(r) for r in ids], jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), B)
+    def gen(n, B=B, ids=ids, buf=buf, prompts=prompts, plens=plens, keys=keys):
+        spec = SpecConfig(max_new_tokens=n, stop_at_eos=False)
+        drafter, dparams = make_drafter(model, spec, None, ids, buf)
+        return lambda: jax.block_until_ready(decode(model.params, dparams, prompts, plens, keys, jnp.int32(-1),
+                                                    cfg=cfg, drafter=drafter, spec=spec, buffer_len=buf))
+    ctx = int(np.mean([len(r) for r in ids])) + new // 2
+    cache = KVCache.init(cfg.num_layers, B, buf, Hkv, cfg.head_dim).replace(lengths=jnp.full((B,), ctx, jnp.int32))
+
+    def fwd_body(i, c, B=B):
+        acc, cache = c
+        tok = jnp.full((B, 1), i % cfg.vocab_size, jnp.int32)
+        out = forward(model.params, cfg, tok, cache)
+        return acc + out.logits[0, 0, 0], out.cache.replace(lengths=cache.lengths)
+
+    q0 = jnp.ones((B, 1, cfg.num_heads, cfg.head_dim), jnp.float32)
+    def attn_body(i, c, q0=q0):
+        acc, cache = c
+        for layer in range(cfg.num_layers):
+            o = verify_attention_reference(q0 * (i + layer), cache.k[layer], cache.v[layer], cache.lengths + 1)
+            acc = acc + o[0, 0, 0, 0]
+        return acc, cache
+
+    kv0 = jnp.ones((B, 1, Hkv, cfg.head_dim), jnp.float32)
+    def write_body(i, c, kv0=kv0):
+        acc, cache = c
+        for layer in range(cfg.num_layers):
+            cache = cache.write(layer, kv0 * i, kv0 * i, cache.lengths)
+        return acc + cache.k[0][0].ravel()[0], cache
+
+    calls = {"full": (gen(new), 1), "half": (gen(new // 2), 1),
+             "forward": (looped(fwd_body, (jnp.float32(0), cache), INNER), INNER),
+             "attention": (looped(attn_body, (jnp.float32(0), cache), INNER), INNER),
+             "cache_write": (looped(write_body, (jnp.float32(0), cache), INNER), INNER)}
+    for fn, _ in calls.values():
+        fn()                                                              # compile
+    cases.append(({"batch": B, "prompt_pad": P, "buffer": buf}, calls))
+print("READY", flush=True)
+
+best = [dict.fromkeys(calls, float("inf")) for _, calls in cases]
+for _ in sys.stdin:             # one round per line: every measurement once (rounds alternate with the other side)
+    for (info, calls), b in zip(cases, best):
+        for name, (fn, div) in calls.items():
+            b[name] = min(b[name], timed(fn) / div)
+    print("ROUND", flush=True)
+
+rows = []
+for (info, _), b in zip(cases, best):
+    step = (b["full"] - b["half"]) / (new - new // 2)
+    rows.append({**info, "step_ms": step * 1e3, "forward_ms": b["forward"] * 1e3,
+                 "attention_ms": b["attention"] * 1e3, "cache_write_ms": b["cache_write"] * 1e3,
+                 "loop_ms": (step - b["forward"]) * 1e3, "loop_share": (step - b["forward"]) / step,
+                 "tokens_per_s": info["batch"] * new / b["full"]})
+print("DONE " + json.dumps(rows), flush=True)
+'''
+
+
+def start(code_dir: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=code_dir, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, "-c", WORKER, ",".join(FLAGS.batch_sizes), str(FLAGS.max_new_tokens),
+                             FLAGS.target], cwd=code_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def read(proc: subprocess.Popen, tag: str) -> str:
+    for line in proc.stdout:
+        if line.startswith(tag):
+            return line[len(tag):].strip()
+    raise RuntimeError(f"a worker exited (code {proc.wait()}) before printing {tag}")
+
+
+def measure(code_dirs: dict[str, str]) -> dict[str, list[dict]]:
+    """Each side's worker compiles everything, then they take turns, one round each, --reps rounds."""
+    procs = {name: start(d) for name, d in code_dirs.items()}
+    for p in procs.values():
+        read(p, "READY")
+    for r in range(FLAGS.reps):
+        for p in procs.values():
+            p.stdin.write("round\n")
+            p.stdin.flush()
+            read(p, "ROUND")
+        print(f"round {r + 1}/{FLAGS.reps} done", flush=True)
+    out = {}
+    for name, p in procs.items():
+        p.stdin.close()
+        out[name] = json.loads(read(p, "DONE "))
+        p.wait()
+    return out
+
+
+def main(argv):
+    del argv
+    if FLAGS.base:
+        with revision_checkout(FLAGS.base) as base_dir:
+            sides = measure({f"before ({FLAGS.base})": base_dir, "after (working tree)": REPO})
+    else:
+        sides = measure({"working tree": REPO})
+    print(f"\nplain greedy decoding, {FLAGS.target}, float32, CPU, HumanEval prompts, {FLAGS.max_new_tokens} new "
+          f"tokens; ms per loop step, the fastest of {FLAGS.reps} alternating rounds")
+    print(f"{'side':>22} {'batch':>5} {'buffer':>6} {'step':>7} {'forward':>7} {'(attn':>7} {'write)':>7} "
+          f"{'loop':>7} {'loop %':>6} {'tok/s':>7}")
+    for name, rows in sides.items():
+        for r in rows:
+            print(f"{name:>22} {r['batch']:>5} {r['buffer']:>6} {r['step_ms']:7.2f} {r['forward_ms']:7.2f} "
+                  f"{r['attention_ms']:7.2f} {r['cache_write_ms']:7.2f} {r['loop_ms']:7.2f} "
+                  f"{100 * r['loop_share']:5.0f}% {r['tokens_per_s']:7.0f}")
+    os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+    with open(FLAGS.out, "w") as f:
+        json.dump({"flags": {"base": FLAGS.base, "batch_sizes": FLAGS.batch_sizes,
+                             "max_new_tokens": FLAGS.max_new_tokens, "reps": FLAGS.reps, "target": FLAGS.target},
+                   "sides": sides}, f, indent=1)
+    print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
