@@ -117,8 +117,9 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
     cache = KVCache.init(cfg.num_layers, B, buffer_len, kv_heads(target_params, cfg), cfg.head_dim,
                          target_params["embed"].dtype)
     layers, exposed = target_exposure(drafter, target_params, cfg.vocab_size)
-    prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation)
-    last_logits = jnp.take_along_axis(prefill.logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation,
+                      logits_at=prompt_lengths - 1)
+    last_logits = prefill.logits[:, 0]                                                  # [B, V]
     first = _first_token(last_logits, step_keys(0), spec)                             # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)
     tokens = _write_rows(tokens, first[:, None], prompt_lengths)

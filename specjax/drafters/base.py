@@ -58,6 +58,8 @@ class Draft(NamedTuple):
 
 
 class Drafter(Protocol):
+    """init's target_out is the prefill over the right-padded prompts [B, P]: hidden and layer_hidden at every
+    prompt position, logits only at each row's last prompt position ([B, 1, V])."""
     num_tokens: int                   # k, static
 
     def init(self, params: Any, ctx: Context, target_out: ForwardOut, sp: SamplingParams) -> Any: ...

@@ -60,8 +60,10 @@ class DraftModelDrafter:
         cfg = self.config
         cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
                              params["embed"].dtype)
-        prompt = ctx.tokens[:, :int(target_out.logits.shape[1])]                 # [B, P] right-padded prompt
-        out = forward(params, cfg, prompt, cache, implementation=self.implementation)
+        prompt = ctx.tokens[:, :int(target_out.hidden.shape[1])]                 # [B, P] right-padded prompt
+        # Only the cache is kept: one position's logits instead of the LM head over the whole prompt.
+        out = forward(params, cfg, prompt, cache, implementation=self.implementation,
+                      logits_at=ctx.prompt_length - 1)
         return out.cache.replace(lengths=ctx.prompt_length)
 
     def _step(self, params, cache, tokens, key, sp: SamplingParams):

@@ -127,7 +127,7 @@ class LookaheadDrafter:
         window = jnp.take_along_axis(ctx.tokens, pos.reshape(B, -1), axis=1).reshape(B, N - 1, W)
         pool = jnp.full((B, self.vocab_size, G, N - 1), -1, jnp.int32)
         pointer = jnp.zeros((B, self.vocab_size), jnp.int32)
-        P = int(target_out.logits.shape[1])             # padded prompt width (static)
+        P = int(target_out.hidden.shape[1])             # padded prompt width (static)
 
         def seed(e, carry):                             # the prompt's n-grams (and the first generated token's)
             pool, pointer = carry

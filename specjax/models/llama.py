@@ -23,7 +23,7 @@ from specjax.models.config import ModelConfig
 
 
 class ForwardOut(NamedTuple):
-    logits: jax.Array                  # [B, T, V] float32
+    logits: jax.Array                  # [B, T, V] float32 ([B, 1, V] with logits_at)
     hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
     layer_hidden: tuple                # outputs of the requested decoder layers, in the requested order, each
                                        # [B, T, H] (the residual stream after that layer, before any norm)
@@ -81,10 +81,12 @@ def attention(q, k_cache, v_cache, lengths, mask, *, implementation: str, q_posi
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *,
             depths: jax.Array | None = None, mask: jax.Array | None = None,
             hidden_layers: Sequence[int] = (), implementation: str = "xla",
-            input_embeds: jax.Array | None = None) -> ForwardOut:
+            input_embeds: jax.Array | None = None, logits_at: jax.Array | None = None) -> ForwardOut:
     """tokens [B, T] int32. New tokens occupy cache slots lengths .. lengths + T - 1; their RoPE positions are
     lengths + depths (depths [T] or [B, T]; default arange(T), i.e. a chain). mask: None (causal) or a tree
-    ancestor mask [T, T] / [B, T, T]. Caller must guarantee lengths + T <= cache.size."""
+    ancestor mask [T, T] / [B, T, T]. Caller must guarantee lengths + T <= cache.size.
+    logits_at [B] int: the logits of only that position of each row ([B, 1, V]); a prefill needs only its last
+    prompt position's, and the LM head over every position of a batch of long prompts is a fifth of its cost."""
     B, T = tokens.shape
     if depths is None:
         depths = jnp.arange(T, dtype=jnp.int32)
@@ -102,7 +104,10 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *
         if i in hidden_layers:
             layer_hidden[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    logits = lm_head(params, hidden, cfg.vocab_size)
+    if logits_at is None:
+        logits = lm_head(params, hidden, cfg.vocab_size)
+    else:
+        logits = lm_head(params, jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1), cfg.vocab_size)
     return ForwardOut(logits, hidden, tuple(layer_hidden[i] for i in hidden_layers), cache)
 
 
