@@ -8,9 +8,10 @@ Takes experiment.speedup's flags (--runs entries prompt_set:method:k[:tree][:key
 --max_new_tokens, --temperature, ...). For each batch size B the first B prompts of the set are decoded as ONE
 batch by plain decoding and by each run, timed in alternation (--rounds rounds, the fastest of each), EOS
 ignored so every row generates max_new_tokens. Columns: tokens/s of plain and speculative decoding, their ratio,
-alpha, tau, and the predicted ratio tau / (c_step + verify_cost) from costs measured at batch B and the run's
-buffer (experiments.costs: one target forward over 1 and over k + 1 positions, one proposal), so a gap between
-measured and predicted is the loop's overhead at that batch size. Speculation loses throughput once the verify
+alpha, tau, and the predicted ratio from costs measured at batch B and the run's buffer (experiments.costs: the
+prefills, one target forward over 1 and over k + 1 positions, one proposal): for the whole call (prefills
+included, as timed) and for the loop alone (tau / (c_step + verify_cost)). A gap between measured and predicted is
+the loop's overhead at that batch size. Speculation loses throughput once the verify
 pass stops being memory-bound (the EAGLE-3 paper's batch table shows it on GPUs); on this CPU that comes early.
 """
 from __future__ import annotations
@@ -84,28 +85,39 @@ def main(argv):
                 tp = costs.propose_seconds(d_obj, d_params, target, context, config.sampling, batch=B,
                                            cache_size=buf)
             draft_cost = 0.0 if np.isnan(tp) else tp / t1
-            predicted = analysis.speedup_from_tau(stats["tau"], draft_cost, tv / t1)
+            steady = analysis.speedup_from_tau(stats["tau"], draft_cost, tv / t1)
+            # The whole call, as timed: both pay the target's prefill (padded to the longest prompt), speculation
+            # also its drafter's; then N - 1 tokens at 1 per plain step or tau per draft + verify step.
+            longest = max(len(r) for r in ids)
+            t_pre = costs.forward_seconds(target, 0, longest, batch=B, cache_size=buf, reps=3, inner=2)
+            t_dpre = costs.init_seconds(d_obj, d_params, target, longest, config.sampling, batch=B, cache_size=buf,
+                                        reps=3, inner=2)
+            steps = FLAGS.max_new_tokens - 1
+            predicted = (t_pre + steps * t1) / (t_pre + t_dpre + steps / stats["tau"] * (draft_cost * t1 + tv))
             n = B * FLAGS.max_new_tokens
             exact = ("yes" if spec_out == plain_out else "no") if plain_config.sampling.greedy else "n/a"
             rec = dict(batch=B, prompts=pset, method=run["label"] or method + (f"/{tree}" if tree else ""), k=k,
                        plain_tokens_per_s=n / plain_s, tokens_per_s=n / spec_s, speedup=plain_s / spec_s,
-                       predicted=predicted, alpha=stats["alpha"], tau=stats["tau"],
+                       predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
+                       alpha=stats["alpha"], tau=stats["tau"],
                        c_step=draft_cost, verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact)
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={k}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, spec "
-                  f"{rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {predicted:.2f}x), "
+                  f"{rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {predicted:.2f}x, loop alone "
+                  f"{steady:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
                   f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} c_step {draft_cost:.2f} "
                   f"verify {tv / t1:.2f}", flush=True)
 
     print(f"\n{FLAGS.target}, float32, CPU, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one generate() "
           f"call per batch; fastest of {FLAGS.rounds} alternating rounds")
-    print(f"| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | alpha | tau | c_step | "
-          f"verify cost | exact |")
-    print("| " + " | ".join(["---"] * 12) + " |")
+    print(f"| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | loop alone | prefill share | "
+          f"alpha | tau | c_step | verify cost | exact |")
+    print("| " + " | ".join(["---"] * 14) + " |")
     for r in records:
         print(f"| {r['batch']} | {r['method']} | {r['k']} | {r['plain_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} "
-              f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['alpha']:.3f} | {r['tau']:.2f} | "
-              f"{r['c_step']:.2f} | {r['verify_cost']:.2f} | {r['exact']} |")
+              f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_steady']:.2f}x | "
+              f"{r['prefill_share']:.0%} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c_step']:.2f} | "
+              f"{r['verify_cost']:.2f} | {r['exact']} |")
     if FLAGS.table_out:
         os.makedirs(os.path.dirname(FLAGS.table_out) or ".", exist_ok=True)
         with open(FLAGS.table_out, "w") as f:

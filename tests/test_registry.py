@@ -40,7 +40,8 @@ SEEN = []          # what the drafter saw inside the compiled loop, sent to the 
 @dataclasses.dataclass(frozen=True)
 class _ProbeDrafter:
     """Proposes copies of the last token; checks, inside the loop, that the exposed layers and weights are the
-    target's: rms_norm(last layer) @ lm_head must reproduce the target's logits at every verified node."""
+    target's: rms_norm(last layer) @ lm_head must reproduce the target's logits at every verified node (and at the
+    prefill's last prompt position, the one it computes logits for)."""
     num_tokens: int
     target_layers: tuple = (1, 0)           # out of order on purpose: they come back in the declared order
     target_weights: tuple = ("lm_head", "final_norm")
@@ -49,6 +50,8 @@ class _ProbeDrafter:
     def _check(self, ctx, out, where):
         w = ctx.target_weights
         rebuilt = lm_head({"lm_head": w["lm_head"]}, rms_norm(out.layer_hidden[0], w["final_norm"], self.eps))
+        if where == "prefill":          # the prefill's logits are its last prompt position's only
+            rebuilt = jnp.take_along_axis(rebuilt, (ctx.prompt_length - 1)[:, None, None], axis=1)
         err = jnp.max(jnp.abs(rebuilt - out.logits))
         shapes = tuple(x.shape for x in out.layer_hidden)
         jax.debug.callback(lambda e: SEEN.append((where, shapes, float(e))), err)
