@@ -39,12 +39,11 @@ flags.DEFINE_integer("rounds", 3, "alternating timing rounds per batch size (the
 flags.DEFINE_string("table_out", "runs/batch_scaling.json", "where the table is written as JSON")
 
 
-def timed_generate(target, prompts, config, drafter) -> tuple[float, dict, list]:
+def timed_generate(target, ids: list[list[int]], config, drafter) -> tuple[float, dict, list]:
     # Padded to the longest prompt, not generate()'s power-of-two bucket: at batch 64 the bucket would make every
     # row's attention read a 60% longer buffer. One compile per batch size either way.
-    longest = max(len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts)
     t0 = time.perf_counter()
-    res = specjax.generate(target, prompts, config, drafter=drafter, pad_to=longest)
+    res = specjax.generate(target, ids, config, drafter=drafter, pad_to=max(map(len, ids)))
     return time.perf_counter() - t0, res.stats, res.tokens
 
 
@@ -60,20 +59,20 @@ def main(argv):
             prompts = load_prompt_set(pset, B, target.tokenizer)
             if len(prompts) < B:
                 raise ValueError(f"prompt set {pset!r} has {len(prompts)} prompts, fewer than batch size {B}")
+            ids = [target.encode(p) if isinstance(p, str) else list(p) for p in prompts]     # tokenized once
             sampling = {f: v for f, v in run["overrides"].items() if f in ("temperature", "top_k", "top_p")}
             plain_config = speedup.spec_config("none", None, **sampling)
-            _, _, plain_out = timed_generate(target, prompts, plain_config, None)          # compile
+            _, _, plain_out = timed_generate(target, ids, plain_config, None)              # compile
             drafter = speedup.drafter_argument(target, method, plain_out, run["drafter"])
             artifact = run["drafter"] or dict(e.split("=", 1) for e in FLAGS.drafters).get(method)
             config = speedup.spec_config(method, k, tree, artifact, **run["overrides"])
             k = config.k
-            _, stats, spec_out = timed_generate(target, prompts, config, drafter)           # compile
+            _, stats, spec_out = timed_generate(target, ids, config, drafter)               # compile
             plain_s = spec_s = float("inf")
             for _ in range(FLAGS.rounds):
-                plain_s = min(plain_s, timed_generate(target, prompts, plain_config, None)[0])
-                spec_s = min(spec_s, timed_generate(target, prompts, config, drafter)[0])
+                plain_s = min(plain_s, timed_generate(target, ids, plain_config, None)[0])
+                spec_s = min(spec_s, timed_generate(target, ids, config, drafter)[0])
             # Costs at this batch size, at a typical context: mean prompt length + half the generation.
-            ids = [target.encode(p) if isinstance(p, str) else list(p) for p in prompts]
             context = int(np.mean([len(r) for r in ids])) + FLAGS.max_new_tokens // 2
             buf = stats["buffer_len"]
             t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
