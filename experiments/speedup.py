@@ -31,9 +31,9 @@ import numpy as np
 
 import specjax
 from specjax import SpecConfig, analysis
-from specjax.api import make_drafter
 from specjax.drafters import registry
-from experiments import costs
+from experiments import harness
+from experiments.harness import tree_fields
 from experiments.prompts import load_prompt_set
 
 FLAGS = flags.FLAGS
@@ -54,34 +54,6 @@ flags.DEFINE_string("out", "runs/speedup.json", "where the rows are written as J
 flags.DEFINE_integer("repeats", 1, "timed passes over the prompt set (times are averaged over them)")
 flags.DEFINE_list("drafter_modules", [], "importable modules that register extra drafters (specjax.drafters."
                   "registry.register), imported before the runs; e.g. _repeat_last_drafter with PYTHONPATH=tests")
-
-
-def tree_fields(tree: str, k: int, artifact: str | None = None) -> dict:
-    """`dyn<D>x<K>` -> dynamic tree; `static` -> a fixed k-node tree (two branches at every depth near the root)."""
-    if not tree:
-        return dict(num_speculative_tokens=k)
-    if tree.startswith("dyn"):
-        depth, topk = map(int, tree[3:].split("x"))
-        return dict(num_steps=depth, topk=topk, num_draft_tokens=k + 1)
-    if tree.startswith("acc"):             # Medusa: the tree its heads' measured accuracies favour, of k nodes
-        from specjax.drafters.medusa import accuracy_tree
-        return dict(tree_choices=accuracy_tree(artifact, k))
-    if tree == "medusa63":
-        from specjax.trees import MEDUSA_63
-        return dict(tree_choices=MEDUSA_63)
-    if tree == "static":
-        from specjax.trees import normalize_choices
-        choices, frontier = [], [()]
-        while len(choices) < k:                     # breadth-first, two children per node, rank 0 first
-            nxt = []
-            for node in frontier:
-                for r in (0, 1):
-                    if len(choices) < k:
-                        choices.append(node + (r,))
-                        nxt.append(node + (r,))
-            frontier = nxt
-        return dict(tree_choices=tuple(normalize_choices(choices)))
-    raise ValueError(f"unknown tree {tree!r}: use dyn<D>x<K> or static")
 
 
 def spec_config(method: str, k: int | None, tree: str = "", artifact: str | None = None, **overrides) -> SpecConfig:
@@ -131,39 +103,9 @@ def parse_run(entry: str) -> dict:
 
 
 def run_prompts(target, prompts, runs: list) -> list[tuple[list, dict]]:
-    """Decode prompts one by one with each (config, drafter) in `runs`, timed INTERLEAVED (prompt i with every
-    run, then prompt i+1, ...; --repeats passes), so drift in the machine's speed hits every run alike. All prompts
-    are padded to one shape, so one untimed call per run compiles its program. -> [(outputs, totals)] per run."""
-    pad_to = max(len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts)
-    pick = lambda d, i: d[i:i + 1] if isinstance(d, list) else d            # predictions: one per prompt
-    # The compile call decodes a 1-token prompt: a drafter that learns from earlier outputs (suffix decoding's
-    # global cache) must not see the set's own answers before the timed pass.
-    first = (target.encode(prompts[0]) if isinstance(prompts[0], str) else list(prompts[0]))[:1]
-    for config, drafter in runs:
-        specjax.generate(target, [first], config, drafter=pick(drafter, 0), pad_to=pad_to)
-    results = [([], {"generated_tokens": 0, "wall_s": 0.0, "accepted": 0, "drafted": 0, "target_passes": 0,
-                     "first_tokens": 0, "buffer_len": 0}) for _ in runs]
-    for rep in range(FLAGS.repeats):
-        for i, p in enumerate(prompts):
-            for (config, drafter), (outs, totals) in zip(runs, results):
-                r = specjax.generate(target, [p], config, drafter=pick(drafter, i), seed=FLAGS.seed,
-                                     request_ids=[i], pad_to=pad_to)
-                totals["wall_s"] += r.stats["wall_s"] / FLAGS.repeats
-                if rep == 0:
-                    outs.append(r.tokens[0])
-                    for key in ("generated_tokens", "accepted", "drafted", "target_passes"):
-                        totals[key] += r.stats[key]
-                    totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
-                    totals["first_tokens"] += 1
-                    totals["buffer_len"] = r.stats["buffer_len"]
-    for _, totals in results:
-        totals["tokens_per_s"] = totals["generated_tokens"] / totals["wall_s"]
-        totals["alpha"] = totals["accepted"] / max(totals["drafted"], 1)
-        totals["tau"] = (totals["generated_tokens"] - totals["first_tokens"]) / max(totals["target_passes"], 1)
-        hist = np.asarray(totals["accept_hist"])                 # P(draft i accepted) among verify steps
-        totals["accept_per_position"] = [float(hist[i + 1:].sum() / max(totals["target_passes"], 1))
-                                         for i in range(len(hist) - 1)]
-    return results
+    """Decode prompts one by one with each (config, drafter) in `runs`, timed interleaved (--repeats passes, one
+    compile call per run first): experiments.harness.run_prompts at batch 1. -> [(outputs, totals)] per run."""
+    return harness.run_prompts(target, prompts, runs, repeats=FLAGS.repeats, seed=FLAGS.seed)
 
 
 _loaded: dict = {}
@@ -220,34 +162,14 @@ def main(argv):
         base_outs = baselines[key][0]
         # Plain decoding is timed again, interleaved with this run, for the speedup of this row.
         (_, base), (outs, st) = run_prompts(target, prompts, [(plain_config, None), (config, drafter_arg)])
-        sp = config.sampling
 
-        # Costs at a typical context: mean prompt length + half the generation.
-        lens = [len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts]
-        context = int(np.mean(lens)) + FLAGS.max_new_tokens // 2
-        buf = st["buffer_len"]
-        t1 = costs.forward_seconds(target, context, 1, reps=50, cache_size=buf)
-        tv = costs.forward_seconds(target, context, k + 1, reps=50, cache_size=buf)
-        ids = [target.encode(prompts[0]) if isinstance(prompts[0], str) else prompts[0]]
-        per_request = registry.get(method).per_request_params
-        d_obj, d_params = make_drafter(target, config, drafter_arg[:1] if per_request else drafter_arg,
-                                       ids, max(buf, context + 2 * k + 8))
-        tp = costs.propose_seconds(d_obj, d_params, target, context, sp, reps=50, cache_size=buf)
-        # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
-        t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, cache_size=buf)
-        t_dpre = costs.init_seconds(d_obj, d_params, target, max(lens), sp, reps=10, cache_size=buf)
-        c, verify_cost = tp / (k * t1), tv / t1
-        # Chains: the i.i.d. acceptance that explains tau, through Leviathan's formula. Trees have no alpha; their
-        # prediction is tau over the measured cost of a step (draft + verify), in units of a decode step.
-        alpha_fit = analysis.alpha_from_tau(min(st["tau"], k + 1 - 1e-9), k) if not tree else float("nan")
-        predicted = analysis.walltime_speedup(alpha_fit, k, c, verify_cost) if not tree else \
-            analysis.speedup_from_tau(st["tau"], k * c, verify_cost)
+        # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
+        pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree))
+        c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
+                                                                          "predicted", "steady"))
+        plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
+        tp, tv, t1 = pred["propose_ms"] / 1e3, pred["verify_ms"] / 1e3, pred["decode_ms"] / 1e3
         measured = st["tokens_per_s"] / base["tokens_per_s"]
-        # Steady state: the decode loop without the prefills, which is what the formula models.
-        n = len(prompts)
-        plain_ms = 1e3 * (base["wall_s"] - n * t_pre) / base["target_passes"]
-        step_ms = 1e3 * (st["wall_s"] - n * (t_pre + t_dpre)) / st["target_passes"]
-        steady = (plain_ms / base["tau"]) / (step_ms / st["tau"])
         # Sampled output matches the plain run only in distribution (tested by the conformance suite), not per token.
         exact = ("yes" if outs == base_outs else "no") if temperature == 0 else "n/a"
         shown = {**run["overrides"], **dict(run["overrides"].get("drafter_options") or {})}
@@ -290,6 +212,50 @@ def main(argv):
           "subtracted), which is what the formula predicts; gap = steady / predicted - 1. ms/step: measured time "
           "per target pass in the loop; (model): what the prediction assumes (one target forward for plain, "
           "propose + verify for speculative); their difference is the engine's per-step overhead.")
+    if FLAGS.out and records:
+        plot(records, os.path.splitext(FLAGS.out)[0])
+
+
+def plot(records: list[dict], stem: str) -> None:
+    """Two figures beside the JSON: per-position acceptance of every chain row, and speedup vs k for every
+    (prompts, method, T) measured at two or more k, with the analytic curve through the group's measured costs
+    (alpha_fit, c and the verify-cost ratio per k, interpolated between the measured k)."""
+    from experiments.tables import pyplot, save_figure
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in records:
+        if r["accept_per_position"] and not np.isnan(r["alpha_fit"]):
+            pos = np.arange(1, len(r["accept_per_position"]) + 1)
+            ax.plot(pos, r["accept_per_position"], "o-", ms=3, label=f"{r['prompts']} T={r['temperature']:g} "
+                    f"{r['method']} k={r['k']}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6)
+    save_figure(fig, stem + "_acceptance")
+
+    groups: dict = {}
+    for r in records:
+        if not np.isnan(r["alpha_fit"]):
+            groups.setdefault((r["prompts"], r["method"].split("/")[0], r["temperature"]), []).append(r)
+    groups = {key: sorted(rows, key=lambda r: r["k"]) for key, rows in groups.items() if len({r["k"] for r in rows}) > 1}
+    if not groups:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (pset, method, temperature), rows in groups.items():
+        ks = [r["k"] for r in rows]
+        line, = ax.plot(ks, [r["speedup"] for r in rows], "o", label=f"{pset} T={temperature:g} {method} measured")
+        alpha = float(np.mean([r["alpha_fit"] for r in rows]))
+        grid = np.arange(1, max(ks) + 1)
+        c = np.interp(grid, ks, [r["c"] for r in rows])
+        verify = {r["k"] + 1: r["verify_cost"] for r in rows}
+        ax.plot(grid, [analysis.walltime_speedup(alpha, int(k), float(ck), verify) for k, ck in zip(grid, c)], "--",
+                color=line.get_color(), label=f"analytic (alpha {alpha:.2f})")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("k (drafts per step)")
+    ax.set_ylabel("speedup vs plain decoding")
+    ax.legend(fontsize=6)
+    save_figure(fig, stem + "_speedup_vs_k")
 
 
 if __name__ == "__main__":

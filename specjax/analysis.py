@@ -14,6 +14,7 @@ Vocabulary:
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
@@ -194,3 +195,94 @@ def batch_roofline(batch_sizes: Sequence[int], *, param_bytes: float, kv_bytes_p
     t_verify = roofline_step_time(b, k + 1, **args)            # [N]
     tau = expected_tokens_per_step(alpha, k)
     return tau / (k * c + t_verify / t_plain)
+
+
+def roofline_crossover_batch(*, param_bytes: float, kv_bytes_per_token: float, context_len: int,
+                             flops_per_token: float, peak_flops: float, bandwidth: float,
+                             alpha: float, k: int, c: float) -> float:
+    """The batch size B* above which batch_roofline's speedup is below 1 (real-valued; same arguments).
+
+    The speedup tau / (k c + t_verify / t_plain) is below 1 exactly when the cost ratio t_verify / t_plain exceeds
+    r = tau - k c. Write the memory time as a + b B (weights a = param_bytes / bandwidth, KV per row
+    b = context_len * kv_bytes_per_token / bandwidth) and the compute time per row and position as
+    f = flops_per_token / peak_flops. The ratio is 1 while the verify pass is memory-bound, then
+    (k+1) f B / (a + b B) while plain decoding still is, then k+1: non-decreasing in B, so it crosses r once,
+    at B* = r a / ((k+1) f - r b), provided r >= 1 (else speculation loses at every batch: 0.0), r < k+1 (at
+    alpha = 1, c = 0 the ratio never exceeds r: math.inf) and (k+1) f > r b (else the per-row KV reads keep the
+    ratio below r at every batch: math.inf). The first integer batch with speedup < 1 is floor(B*) + 1.
+    """
+    r = expected_tokens_per_step(alpha, k) - k * c
+    if r < 1.0:
+        return 0.0
+    if r >= k + 1:
+        return math.inf
+    a = param_bytes / bandwidth
+    b = context_len * kv_bytes_per_token / bandwidth
+    f = flops_per_token / peak_flops
+    denominator = (k + 1) * f - r * b
+    return math.inf if denominator <= 0 else r * a / denominator
+
+
+# ---- replaying recorded acceptance (generate()'s stats["accept_trace"]) to predict other k and the policy ----
+# Exact for a greedy chain drafter whose proposal at a position depends only on the committed prefix (a draft
+# model: accepted drafts ARE the prefix), up to the positions the recorded run never tested; an approximation for
+# drafters that continue one match (prompt lookup). experiments/simulate.py checks it against real runs.
+
+def positions_from_trace(trace: np.ndarray, k_max: int, generated: list[int]) -> list[np.ndarray]:
+    """accept_trace [B, steps] (-1: row finished or plain step) and each row's generated token count -> per row,
+    one entry per generated token after the first (which the prefill gives): 1 the drafter agreed with it, 0 it
+    did not, -1 untested (the bonus token after a fully accepted step). A row's last step may have accepted
+    past its budget: those positions are cut off."""
+    rows = []
+    for row, count in zip(np.asarray(trace), generated):
+        seq = []
+        for n in row[row >= 0]:
+            seq += [1] * int(n) + [0 if n < k_max else -1]
+        rows.append(np.asarray(seq[:count - 1], np.int8))
+    return rows
+
+
+def fill_untested(rows: list[np.ndarray], rate: float, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.where(r >= 0, r, (rng.random(len(r)) < rate).astype(np.int8)) for r in rows]
+
+
+def replay(rows: list[np.ndarray], k: int, threshold: float | None = None, window: int = 16) -> dict:
+    """Replay agreement sequences (0/1 per position, one per row) with chain length k, all rows stepping together
+    as in the loop, and the acceptance switch if `threshold` is given (SpecConfig.acceptance_rate_threshold:
+    accepted / drafted of active rows over the last `window` speculative steps). -> {"iterations": loop
+    iterations, "speculative": speculative iterations, "accepted": drafts accepted, "drafted": drafts proposed}."""
+    pos = np.zeros(len(rows), int)
+    ends = np.array([len(r) for r in rows])
+    history: list[tuple[int, int]] = []
+    iterations = speculative = accepted_total = drafted_total = 0
+    speculating = k > 0
+    while np.any(pos < ends):
+        active = pos < ends
+        if not speculating:               # plain steps: one token per row until the longest row is done
+            iterations += int(np.max(ends - pos))
+            break
+        accepted = drafted = 0
+        for b in np.flatnonzero(active):
+            r, p = rows[b], pos[b]
+            n = 0
+            while n < k and p + n < ends[b] and r[p + n] == 1:
+                n += 1
+            pos[b] = p + n + 1
+            accepted += n
+            drafted += k
+        iterations += 1
+        speculative += 1
+        accepted_total += accepted
+        drafted_total += drafted
+        history.append((accepted, drafted))
+        if threshold is not None and len(history) >= window:
+            acc, dr = map(sum, zip(*history[-window:]))
+            speculating = acc >= threshold * dr
+    return dict(iterations=iterations, speculative=speculative, accepted=accepted_total, drafted=drafted_total)
+
+
+def expected_replay(rows: list[np.ndarray], k: int, rate: float, draws: int, seed: int = 0, **policy) -> dict:
+    """replay() averaged over `draws` fills of the untested positions."""
+    rng = np.random.default_rng(seed)
+    runs = [replay(fill_untested(rows, rate, rng), k, **policy) for _ in range(draws)]
+    return {key: float(np.mean([r[key] for r in runs])) for key in runs[0]}

@@ -181,6 +181,10 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     if not isinstance(model, Model):
         raise TypeError(f"model must be a specjax Model (specjax.load_model(...)), got {type(model).__name__}")
     ids = encode_all(model, prompts, "prompt")
+    scheduled = config.for_batch(len(ids))         # the draft_len_schedule's k for this many requests
+    if scheduled.method != config.method:          # k = 0 at this batch size: plain decoding, no drafter
+        drafter = None
+    config = scheduled
     k = config.k
     longest = max(map(len, ids))
     needed = longest + config.max_new_tokens + k + 1
@@ -222,4 +226,5 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
     finish_drafter(model, config, drafter, ids, buffer_len, out)
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
-    return GenerateResult(out, texts, {**summarize(stats, num_new, wall, k), "buffer_len": buffer_len})
+    return GenerateResult(out, texts, {**summarize(stats, num_new, wall, k), "buffer_len": buffer_len,
+                                       "num_speculative_tokens": k})

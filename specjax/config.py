@@ -42,6 +42,16 @@ class SpecConfig:
     # Settings of one drafter beyond the shared fields, e.g. {"posterior_threshold": 0.09}; each drafter declares
     # the names, defaults and allowed values it takes (specjax.drafters.registry). Stored as sorted items.
     drafter_options: Any = None
+    # The dynamic speculation policy (TensorRT-LLM's names and rules). draft_len_schedule {max batch size: k}: a
+    # batch of B requests drafts the k of the smallest key >= B, and none past the largest key (speculation off:
+    # at large batch a verify pass costs more than the tokens it saves); k may not exceed num_speculative_tokens
+    # (a tree drafts all its nodes or nothing). acceptance_rate_threshold: speculation is switched off for the
+    # rest of a call once the batch's accepted / drafted over its last acceptance_rate_window_size speculative
+    # steps falls below it. Greedy output stays plain greedy output and sampled output keeps the target's
+    # distribution; a sampled request's draw then depends on its batch (which k, when the switch came).
+    draft_len_schedule: Any = None
+    acceptance_rate_threshold: float | None = None
+    acceptance_rate_window_size: int = 16
 
     def __post_init__(self):
         spec = registry.get(self.method)
@@ -83,6 +93,7 @@ class SpecConfig:
             raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
         if spec.validate is not None:
             spec.validate(self)
+        self._validate_policy()
 
     def _validate_fields(self, spec: registry.DrafterSpec) -> None:
         """A field the method does not read would be silently ignored: refuse it. Options are checked against
@@ -114,6 +125,54 @@ class SpecConfig:
             if not ok:
                 raise ValueError(f"drafter option {name}={value!r} for method={self.method!r}: {opt.help}")
         object.__setattr__(self, "drafter_options", tuple(sorted(opts.items())) or None)
+
+    def _validate_policy(self) -> None:
+        t, w = self.acceptance_rate_threshold, self.acceptance_rate_window_size
+        if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= 1):
+            raise ValueError(f"acceptance_rate_threshold must be in [0, 1] (accepted / drafted), got {t!r}")
+        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+            raise ValueError(f"acceptance_rate_window_size must be an int >= 1, got {w!r}")
+        if t is None and w != 16:
+            raise ValueError("acceptance_rate_window_size only applies with an acceptance_rate_threshold")
+        schedule = self.draft_len_schedule
+        if schedule is None:
+            return
+        pairs = list(schedule.items()) if isinstance(schedule, Mapping) else schedule
+        ok = isinstance(pairs, (list, tuple)) and len(pairs) > 0 and all(
+            isinstance(p, (list, tuple)) and len(p) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in p) for p in pairs)
+        if not ok:
+            raise ValueError(f"draft_len_schedule must be a non-empty dict {{max batch size: k}} of ints, "
+                             f"got {schedule!r}")
+        items = tuple(sorted((b, k) for b, k in pairs))
+        for b, k in items:
+            if b < 1:
+                raise ValueError(f"draft_len_schedule: batch size {b} must be >= 1")
+            allowed = (0, self.k) if self.is_tree else range(self.k + 1)
+            if k not in allowed:
+                raise ValueError(f"draft_len_schedule: k={k} for batches up to {b} must be "
+                                 + (f"0 or the tree's {self.k} drafted tokens (a tree cannot be cut)" if self.is_tree
+                                    else f"in [0, num_speculative_tokens={self.k}]"))
+        object.__setattr__(self, "draft_len_schedule", items)       # hashable: the config is a static jit arg
+        for b, _ in items:                  # every scheduled k must make a valid config for this method
+            try:
+                self.for_batch(b)
+            except ValueError as e:
+                raise ValueError(f"draft_len_schedule: the config for batches up to {b}: {e}") from None
+
+    def for_batch(self, batch_size: int) -> "SpecConfig":
+        """The config a batch of `batch_size` requests runs: draft_len_schedule resolved to its k (0: plain
+        decoding, method 'none'), the schedule itself dropped. Without a schedule, this config."""
+        if self.draft_len_schedule is None:
+            return self
+        k = next((k for b, k in self.draft_len_schedule if batch_size <= b), 0)
+        if k == 0:
+            plain = ("temperature", "top_k", "top_p", "max_new_tokens", "stop_at_eos", "max_cache_len",
+                     "implementation")
+            return SpecConfig(**{f: getattr(self, f) for f in plain})
+        if self.is_tree:
+            return dataclasses.replace(self, draft_len_schedule=None)
+        return dataclasses.replace(self, num_speculative_tokens=k, draft_len_schedule=None)
 
     def option(self, name: str) -> Any:
         """The value of one of the method's drafter_options, or its declared default."""

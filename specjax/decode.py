@@ -3,6 +3,10 @@
 Plain decoding is this loop with the null drafter (k = 0): baseline and speculative runs share every line except
 the drafter, which keeps their comparison fair. The whole generation is a single compiled XLA program.
 
+With an acceptance policy (SpecConfig.acceptance_rate_threshold) the batch switches to plain one-token steps for
+good once its acceptance over the last acceptance_rate_window_size speculative steps falls below the threshold
+(TensorRT-LLM's rule): the loop then exits into a second loop over the same body with the plain step.
+
 Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
 first length - 1 of them; the last committed token is fed to the target together with the k drafts (a tree:
 as node 0 of its T = k + 1 nodes, whose accepted root-to-node path is then compacted into contiguous KV slots).
@@ -27,10 +31,20 @@ from specjax.verify import (chain_greedy, chain_sampled, chain_typical_lossy, tr
 
 
 class DecodeStats(NamedTuple):
-    steps: jax.Array            # [B] target verify passes after prefill
+    steps: jax.Array            # [B] target passes after prefill (verify passes and plain steps)
     drafted: jax.Array          # [B] draft tokens proposed
     accepted: jax.Array         # [B] draft tokens accepted
-    accept_hist: jax.Array      # [B, k+1] how often 0..k drafts were accepted in a step
+    accept_hist: jax.Array      # [B, k+1] how often 0..k drafts were accepted in a speculative step
+    plain_steps: jax.Array      # [B] steps taken with speculation switched off by the acceptance policy
+    accept_trace: jax.Array     # [B, max_new_tokens] drafts accepted at loop step t; -1: inactive or plain step
+
+
+class PolicyState(NamedTuple):
+    """The acceptance policy's running window, over the whole batch (one verify shape serves every row)."""
+    speculating: jax.Array      # [] bool; False for good once the window's acceptance fell below the threshold
+    accepted: jax.Array         # [W] draft tokens accepted by active rows in each of the last W speculative steps
+    drafted: jax.Array          # [W] draft tokens proposed to active rows in those steps
+    filled: jax.Array           # [] int32 speculative steps taken (the window is full from W on)
 
 
 class LoopState(NamedTuple):
@@ -42,6 +56,7 @@ class LoopState(NamedTuple):
     draft_state: Any
     step: jax.Array             # [] int32
     stats: DecodeStats
+    policy: PolicyState | None  # None: no acceptance policy (the loop body has no cond)
 
 
 def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
@@ -56,7 +71,8 @@ def _accepted_then_next(drafted: jax.Array, n: jax.Array, nxt: jax.Array) -> jax
     return jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])
 
 
-def _first_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
+def _target_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
+    """logits [B, V] -> the target's own next token [B]: its argmax, or a sample from the sampling transform."""
     if spec.sampling.greedy:
         return jnp.argmax(logits, -1).astype(jnp.int32)
     return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
@@ -120,23 +136,41 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
     prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation,
                       logits_at=prompt_lengths - 1)
     last_logits = prefill.logits[:, 0]                                                  # [B, V]
-    first = _first_token(last_logits, step_keys(0), spec)                             # [B]
+    first = _target_token(last_logits, step_keys(0), spec)                             # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)
     tokens = _write_rows(tokens, first[:, None], prompt_lengths)
     length = prompt_lengths + 1
     ctx = Context(tokens, length, prompt_lengths, exposed)
     draft_state = drafter.init(draft_params, ctx, prefill, sp)
     zeros = jnp.zeros((B,), jnp.int32)
+    window = spec.acceptance_rate_window_size
+    policy = None if spec.acceptance_rate_threshold is None else PolicyState(
+        jnp.bool_(True), jnp.zeros((window,), jnp.int32), jnp.zeros((window,), jnp.int32), jnp.int32(0))
     state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == eos_id) | (max_new <= 1),
                       prefill.cache.replace(lengths=prompt_lengths), draft_state, jnp.int32(0),
-                      DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32)))
+                      DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
+                                  jnp.full((B, max_new), -1, jnp.int32)), policy)
 
     def cond(s: LoopState):
         return jnp.any(~s.done) & (s.step < max_new)
 
-    def body(s: LoopState):
+    def commit_tokens(s: LoopState, new: jax.Array, n: jax.Array):
+        """new [B, W] (n [B] accepted drafts, then the target's token) -> (tokens, length, num_new, done, count):
+        each active row commits up to its first EOS and at most its remaining budget."""
+        pos = jnp.arange(new.shape[1])[None, :]
+        count = n + 1
+        is_eos = (new == eos_id) & (pos < count[:, None])
+        hit_eos = jnp.any(is_eos, axis=1)
+        count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+        count = jnp.minimum(count, max_new - s.num_new)
+        active = ~s.done
+        count = jnp.where(active, count, 0)
+        num_new = s.num_new + count
+        done = s.done | (active & hit_eos) | (num_new >= max_new)
+        return _write_rows(s.tokens, new, s.length), s.length + count, num_new, done, count
+
+    def speculative_step(s: LoopState, keys: jax.Array):
         ctx = Context(s.tokens, s.length, prompt_lengths, exposed)
-        keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))      # [B, 2] keys
         draft, draft_state = drafter.propose(draft_params, s.draft_state, ctx, keys[:, 0], sp)
         if draft.tree is None:                                                          # chain
             verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)   # [B, k+1]
@@ -153,26 +187,54 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
             new = _accepted_then_next(draft.tokens, n, nxt)                             # [B, k+1]
         else:                                                                           # tree of k + 1 nodes
             new, n, out, verified = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1], layers)
-        pos = jnp.arange(new.shape[1])[None, :]
-        count = n + 1
-        is_eos = (new == eos_id) & (pos < count[:, None])
-        hit_eos = jnp.any(is_eos, axis=1)
-        count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
-        count = jnp.minimum(count, max_new - s.num_new)
-        active = ~s.done
-        count = jnp.where(active, count, 0)
-        tokens = _write_rows(s.tokens, new, s.length)
-        num_new = s.num_new + count
-        done = s.done | (active & hit_eos) | (num_new >= max_new)
-        length = s.length + count
+        tokens, length, num_new, done, count = commit_tokens(s, new, n)
         ctx = Context(tokens, length, prompt_lengths, exposed)
         draft_state = drafter.commit(draft_params, draft_state, ctx, n, out, verified)
-        a = active.astype(jnp.int32)
-        st = s.stats
-        stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
-                            st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32))
-        return LoopState(tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count),
-                         draft_state, s.step + 1, stats)
+        return tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count), draft_state, n
 
-    final = lax.while_loop(cond, body, state)
+    def plain_step(s: LoopState, keys: jax.Array):
+        """One target position per row; the drafter is not run again (speculation stays off), so its state is
+        left as it was."""
+        ctx = Context(s.tokens, s.length, prompt_lengths, exposed)
+        out = forward(target_params, cfg, last_tokens(ctx, 1), s.cache, implementation=spec.implementation)
+        nxt = _target_token(out.logits[:, 0], keys[:, 1], spec)                          # [B]
+        n = jnp.zeros((B,), jnp.int32)
+        tokens, length, num_new, done, count = commit_tokens(s, nxt[:, None], n)
+        return tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count), s.draft_state, n
+
+    def update_policy(p: PolicyState, active: jax.Array, n: jax.Array) -> PolicyState:
+        slot = p.filled % window
+        accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(active, n, 0)))
+        drafted = p.drafted.at[slot].set(k * jnp.sum(active.astype(jnp.int32)))
+        filled = p.filled + 1
+        # accepted / drafted < threshold without dividing (a window of finished rows drafts nothing)
+        low = (filled >= window) & (jnp.sum(accepted) < spec.acceptance_rate_threshold * jnp.sum(drafted))
+        return PolicyState(~low, accepted, drafted, filled)
+
+    def loop_step(speculative: bool):
+        step = speculative_step if speculative else plain_step
+
+        def body(s: LoopState):
+            keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))  # [B, 2] keys
+            tokens, length, num_new, done, cache, draft_state, n = step(s, keys)
+            active = ~s.done
+            a = active.astype(jnp.int32)
+            st = s.stats
+            if speculative:
+                stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
+                                    st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
+                                    st.plain_steps, st.accept_trace.at[:, s.step].set(jnp.where(active, n, -1)))
+                policy = None if s.policy is None else update_policy(s.policy, active, n)
+            else:
+                stats, policy = st._replace(steps=st.steps + a, plain_steps=st.plain_steps + a), s.policy
+            return LoopState(tokens, length, num_new, done, cache, draft_state, s.step + 1, stats, policy)
+        return body
+
+    if policy is None:
+        final = lax.while_loop(cond, loop_step(True), state)
+    else:
+        # Two loops in sequence rather than a lax.cond per step: a cond's branches are separate computations
+        # whose carried KV cache XLA copies in and out, which cost a plain step up to a third at batch 32.
+        speculated = lax.while_loop(lambda s: cond(s) & s.policy.speculating, loop_step(True), state)
+        final = lax.while_loop(cond, loop_step(False), speculated)
     return final.tokens, final.num_new, final.stats

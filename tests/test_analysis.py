@@ -100,3 +100,30 @@ def test_batch_roofline_falls_with_batch():
     # Long context: per-row KV reads keep the verify pass memory-bound to larger batches.
     s_long = an.batch_roofline(bs, context_len=8192, **device)
     assert np.all(s_long >= s - 1e-12) and s_long[-1] > s[-1]
+
+
+def test_roofline_crossover_batch_matches_the_scan():
+    # Llama-3.1-8B bf16 on H100 / H200 datasheet numbers: the closed form must land where batch_roofline first
+    # drops below 1, and say inf exactly where no batch ever does.
+    model = dict(param_bytes=2 * 8.03e9, kv_bytes_per_token=131072, alpha=0.8, k=4, c=0.05, peak_flops=989e12)
+    bs = np.arange(1, 5001)
+    finite = 0
+    for bandwidth in (3.35e12, 4.8e12):
+        for context in (128, 256, 512, 1024, 4096):
+            args = dict(model, bandwidth=bandwidth, context_len=context,
+                        flops_per_token=2 * 8.03e9 + 4 * 32 * 4096 * context)
+            b_star = an.roofline_crossover_batch(**args)
+            below = bs[an.batch_roofline(bs, **args) < 1.0]
+            if np.isfinite(b_star):
+                finite += 1
+                assert below[0] == int(np.floor(b_star)) + 1
+                assert an.batch_roofline([b_star], **args)[0] == pytest.approx(1.0, rel=1e-9)
+            else:
+                assert len(below) == 0 and an.batch_roofline([1e9], **args)[0] > 1.0
+    assert finite >= 4                                   # short contexts cross, long ones do not
+    # Speculation that never wins (k c swamps tau), and alpha = 1 at c = 0 (the verify ratio never exceeds k+1).
+    base = dict(param_bytes=16e9, kv_bytes_per_token=131072, context_len=256, flops_per_token=16e9,
+                peak_flops=989e12, bandwidth=3.35e12, k=4)
+    assert an.roofline_crossover_batch(**base, alpha=0.5, c=0.5) == 0.0
+    assert an.batch_roofline([1], **base, alpha=0.5, c=0.5)[0] < 1.0
+    assert an.roofline_crossover_batch(**base, alpha=1.0, c=0.0) == np.inf

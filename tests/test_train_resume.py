@@ -11,6 +11,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specjax.models.llama import init_params
 from train import data, losses, loop, skeleton
@@ -77,6 +78,7 @@ def _losses(ckpt) -> dict[int, float]:
     return out
 
 
+@pytest.mark.slow       # a training subprocess killed and restarted (~30 s); the in-process resume test stays fast
 def test_sigkill_then_resume(tmp_path):
     """A real SIGKILL (no cleanup, possibly mid-save) of `python -m train.target`, then the same command resumes
     from the last complete checkpoint and reproduces the uninterrupted run's loss at every step."""

@@ -21,6 +21,8 @@ COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "to
                  "stop_at_eos", "max_cache_len", "implementation", "drafter_options", "acceptance_method",
                  "posterior_threshold", "posterior_alpha")
 TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
+# The dynamic speculation policy's fields (specjax.config), read by every method that speculates.
+POLICY_FIELDS = ("draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size")
 
 
 class Option(NamedTuple):
@@ -71,7 +73,8 @@ class DrafterSpec:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return COMMON_FIELDS + self.reads + (TREE_FIELDS if self.trees else ())
+        return (COMMON_FIELDS + self.reads + (TREE_FIELDS if self.trees else ())
+                + (POLICY_FIELDS if self.speculates else ()))
 
 
 _REGISTRY: dict[str, DrafterSpec] = {}
@@ -85,7 +88,7 @@ def register(spec: DrafterSpec, replace: bool = False) -> DrafterSpec:
         raise TypeError(f"register() takes a DrafterSpec, got {type(spec).__name__}")
     if spec.method in _REGISTRY and not replace and _REGISTRY[spec.method] != spec:
         raise ValueError(f"speculative method {spec.method!r} is already registered")
-    unknown = [f for f in spec.reads if f in COMMON_FIELDS or f in TREE_FIELDS]
+    unknown = [f for f in spec.reads if f in COMMON_FIELDS or f in TREE_FIELDS or f in POLICY_FIELDS]
     if unknown:
         raise ValueError(f"{spec.method!r}: reads lists fields every method reads already: {unknown}")
     _REGISTRY[spec.method] = spec

@@ -1,0 +1,192 @@
+"""Record per-step acceptance traces from a real run and replay them offline to choose k and the dynamic policy,
+then check the choice against real runs.
+
+  python -m experiments.simulate --method=draft_model --k_max=8 --ks=1,2,3,4,6,8 --batch_size=8
+
+One greedy run drafting k_max tokens per step records, per row, how many drafts each step accepted
+(generate()'s stats["accept_trace"]). For a chain drafter whose proposal at a position depends only on the committed
+prefix (a draft model's greedy chain: once its drafts are accepted they ARE the prefix), that trace is a trace of
+positions: which committed tokens the drafter agreed with. A step accepting n < k_max drafts tested n + 1
+positions (the last one rejected); a step accepting all k_max tested k_max, and the bonus position after them was
+never tested (filled with the run's acceptance rate, averaged over --draws Monte Carlo fills). Replaying those
+positions with any k <= k_max gives that k's loop iterations (the batch steps together: a loop iteration ends
+when its slowest row does), and with the costs measured at this batch size (experiments.costs) its tokens/s. The
+dynamic policy (draft_len_schedule, acceptance_rate_threshold over a window) is replayed the same way.
+
+The simulation is checked against real runs of every k (--check): predicted vs measured loop iterations and
+tokens/s, and the error. Drafters whose chain is not a function of the prefix (prompt lookup continues one match)
+are only approximated by the replay; trees are not simulated (a path trace does not say which siblings agreed).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json
+import time
+
+import numpy as np
+from absl import app, flags
+
+from specjax.analysis import expected_replay, positions_from_trace
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("target", "stdlib-target", "target: shipped name or HF directory")
+flags.DEFINE_string("method", "draft_model", "a chain drafter (specjax.drafters.registry.methods())")
+flags.DEFINE_string("drafter", "stdlib-draft", "what the method drafts from (shipped name or directory; '' = none)")
+flags.DEFINE_string("prompt_set", "humaneval", "humaneval | stdlib | humaneval2x")
+flags.DEFINE_integer("batch_size", 8, "requests decoded together")
+flags.DEFINE_integer("max_new_tokens", 128, "tokens per request (EOS ignored)")
+flags.DEFINE_integer("k_max", 8, "drafts per step of the recorded run")
+flags.DEFINE_list("ks", ["1", "2", "3", "4", "6", "8"], "k values to predict (each <= k_max)")
+flags.DEFINE_float("acceptance_rate_threshold", 0.5, "the policy replayed beside the fixed ks (< 0: none)")
+flags.DEFINE_integer("acceptance_rate_window_size", 16, "its window")
+flags.DEFINE_integer("draws", 20, "Monte Carlo fills of the untested bonus positions")
+flags.DEFINE_bool("check", True, "run every k for real and compare")
+flags.DEFINE_integer("rounds", 2, "timed rounds of each real run (fastest kept)")
+flags.DEFINE_string("trace", "", "replay this recorded trace (JSON from --out) instead of recording one")
+flags.DEFINE_string("out", "runs/simulate", "path stem of the table (.csv/.json/.png); the trace goes to <out>_trace.json")
+
+
+def record(target, ids, config, drafter) -> dict:
+    import specjax
+    res = specjax.generate(target, ids, config, drafter=drafter, pad_to=max(map(len, ids)))
+    return dict(trace=np.asarray(res.stats["accept_trace"]).tolist(), alpha=res.stats["alpha"],
+                generated=[len(t) for t in res.tokens])
+
+
+def main(argv):
+    del argv
+    import specjax
+    from specjax import SpecConfig
+    from specjax.api import make_drafter
+    from specjax.drafters import registry
+    from experiments import costs
+    from experiments.prompts import load_prompt_set
+    from experiments.tables import pyplot, save_figure, write_table
+
+    ks = [int(k) for k in FLAGS.ks]
+    if max(ks) > FLAGS.k_max:
+        raise app.UsageError(f"--ks {ks} go past --k_max={FLAGS.k_max}: a trace says nothing beyond its own k")
+    target = specjax.load_model(FLAGS.target)
+    prompts = load_prompt_set(FLAGS.prompt_set, FLAGS.batch_size, target.tokenizer)[:FLAGS.batch_size]
+    ids = [target.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    B, N = len(ids), FLAGS.max_new_tokens
+    spec = registry.get(FLAGS.method)
+    drafter = spec.load(target, FLAGS.drafter) if (FLAGS.drafter and spec.load) else (FLAGS.drafter or None)
+    config = lambda k, **policy: SpecConfig(method=FLAGS.method, num_speculative_tokens=k, max_new_tokens=N,
+                                            stop_at_eos=False, **policy)
+    threshold = FLAGS.acceptance_rate_threshold if FLAGS.acceptance_rate_threshold >= 0 else None
+    window = FLAGS.acceptance_rate_window_size
+
+    if FLAGS.trace:
+        with open(FLAGS.trace) as f:
+            recorded = json.load(f)
+    else:
+        t0 = time.perf_counter()
+        recorded = record(target, ids, config(FLAGS.k_max), drafter)
+        print(f"recorded a k={FLAGS.k_max} trace of {B} rows in {time.perf_counter() - t0:.0f} s "
+              f"(alpha {recorded['alpha']:.3f})", flush=True)
+        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+        with open(FLAGS.out + "_trace.json", "w") as f:
+            json.dump(recorded, f)
+    rows = positions_from_trace(np.asarray(recorded["trace"]), FLAGS.k_max, recorded["generated"])
+    tested = np.concatenate([r[r >= 0] for r in rows])
+    rate = float(tested.mean())
+    print(f"{sum(map(len, rows))} positions, {len(tested)} tested, agreement {rate:.3f}")
+
+    # Costs at this batch size and buffer, as the loop pays them.
+    buf = -(-(max(map(len, ids)) + N + FLAGS.k_max + 1) // 64) * 64
+    context = int(np.mean([len(r) for r in ids])) + N // 2
+    t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
+    longest = max(len(r) for r in ids)
+    t_pre = costs.forward_seconds(target, 0, longest, batch=B, cache_size=buf, reps=3, inner=2)
+
+    def step_costs(k: int) -> tuple[float, float, float]:
+        """(propose, verify, drafter init) seconds at chain length k."""
+        if k == 0:
+            return 0.0, t1, 0.0
+        d_obj, d_params = make_drafter(target, config(k), drafter, ids, max(buf, context + 2 * k + 8))
+        tp = costs.propose_seconds(d_obj, d_params, target, context, config(k).sampling, batch=B, cache_size=buf)
+        tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
+        ti = costs.init_seconds(d_obj, d_params, target, longest, config(k).sampling, batch=B, cache_size=buf,
+                                reps=3, inner=2)
+        return tp, tv, ti
+
+    choices = [(f"k={k}", k, {}) for k in ks]
+    if threshold is not None:
+        choices += [(f"k={k} switch<{threshold:g}", k, dict(acceptance_rate_threshold=threshold,
+                                                           acceptance_rate_window_size=window)) for k in ks]
+    measured_costs = {k: step_costs(k) for k in sorted(set(ks) | {0})}
+    records = []
+    for label, k, policy in choices:
+        sim = expected_replay(rows, k, rate, FLAGS.draws, threshold=policy.get("acceptance_rate_threshold"),
+                              window=window)
+        tp, tv, ti = measured_costs[k]
+        plain_iters = sim["iterations"] - sim["speculative"]
+        seconds = t_pre + ti + sim["speculative"] * (tp + tv) + plain_iters * t1
+        rec = dict(choice=label, k=k, predicted_iterations=sim["iterations"],
+                   predicted_speculative=sim["speculative"],
+                   predicted_alpha=sim["accepted"] / sim["drafted"] if sim["drafted"] else float("nan"),
+                   predicted_tokens_per_s=B * N / seconds, propose_ms=tp * 1e3, verify_ms=tv * 1e3)
+        records.append(rec)
+    plain_seconds = t_pre + (N - 1) * t1
+    best = max(records, key=lambda r: r["predicted_tokens_per_s"])
+    print(f"predicted plain decoding {B * N / plain_seconds:.0f} tok/s; best choice {best['choice']} "
+          f"{best['predicted_tokens_per_s']:.0f} tok/s ({best['predicted_tokens_per_s'] * plain_seconds / (B * N):.2f}x)")
+
+    if FLAGS.check:
+        def timed(cfg):
+            best_s, res = float("inf"), None
+            specjax.generate(target, ids, cfg, drafter=drafter if cfg.method != "none" else None,
+                             pad_to=max(map(len, ids)))                                             # compile
+            for _ in range(FLAGS.rounds):
+                t0 = time.perf_counter()
+                res = specjax.generate(target, ids, cfg, drafter=drafter if cfg.method != "none" else None,
+                                       pad_to=max(map(len, ids)))
+                best_s = min(best_s, time.perf_counter() - t0)
+            return best_s, res
+        plain_s, plain = timed(SpecConfig(max_new_tokens=N, stop_at_eos=False))
+        for rec, (label, k, policy) in zip(records, choices):
+            seconds, res = timed(config(k, **policy))
+            iterations = res.stats["accept_trace"].shape[1]              # loop iterations taken
+            rec.update(measured_iterations=iterations, measured_alpha=res.stats["alpha"],
+                       measured_tokens_per_s=B * N / seconds, measured_speedup=plain_s / seconds,
+                       predicted_speedup=rec["predicted_tokens_per_s"] * plain_s / (B * N),
+                       exact=res.tokens == plain.tokens)
+            rec["iterations_error"] = rec["predicted_iterations"] / iterations - 1
+            rec["tokens_per_s_error"] = rec["predicted_tokens_per_s"] / rec["measured_tokens_per_s"] - 1
+        print(f"measured plain decoding {B * N / plain_s:.0f} tok/s")
+
+    print(f"\n{FLAGS.method} on {FLAGS.target}, {FLAGS.prompt_set}, batch {B}, {N} new tokens; trace at k={FLAGS.k_max}, "
+          f"replayed {FLAGS.draws}x")
+    head = ["choice", "pred iters", "pred alpha", "pred tok/s"]
+    if FLAGS.check:
+        head += ["real iters", "real alpha", "real tok/s", "iters err", "tok/s err", "real speedup", "exact"]
+    print("| " + " | ".join(head) + " |\n| " + " | ".join("---" for _ in head) + " |")
+    for r in records:
+        cells = [r["choice"], f"{r['predicted_iterations']:.1f}", f"{r['predicted_alpha']:.3f}",
+                 f"{r['predicted_tokens_per_s']:.0f}"]
+        if FLAGS.check:
+            cells += [str(r["measured_iterations"]), f"{r['measured_alpha']:.3f}", f"{r['measured_tokens_per_s']:.0f}",
+                      f"{r['iterations_error']:+.1%}", f"{r['tokens_per_s_error']:+.1%}",
+                      f"{r['measured_speedup']:.2f}x", "yes" if r["exact"] else "no"]
+        print("| " + " | ".join(cells) + " |")
+    write_table(records, FLAGS.out, meta={k: FLAGS[k].value for k in (
+        "target", "method", "drafter", "prompt_set", "batch_size", "max_new_tokens", "k_max", "ks",
+        "acceptance_rate_threshold", "acceptance_rate_window_size", "draws")})
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fixed = [r for r in records if "switch" not in r["choice"]]
+    ax.plot([r["k"] for r in fixed], [r["predicted_tokens_per_s"] for r in fixed], "o-", label="replayed trace")
+    if FLAGS.check:
+        ax.plot([r["k"] for r in fixed], [r["measured_tokens_per_s"] for r in fixed], "s--", label="real runs")
+    ax.set_xlabel("k (drafts per step)")
+    ax.set_ylabel("tokens/s")
+    ax.legend()
+    save_figure(fig, FLAGS.out)
+
+
+if __name__ == "__main__":
+    app.run(main)
