@@ -17,7 +17,9 @@ pass stops being memory-bound (the EAGLE-3 paper's batch table shows it on GPUs)
 Beside them: the roofline prediction (specjax.analysis.batch_roofline with this machine's measured matmul peak and
 read bandwidth, the run's alpha and draft cost), and the dynamic policy (--draft_len_schedule, e.g. 8:k =
 speculate with the run's k up to batch 8 and decode plainly beyond; --acceptance_rate_threshold: switch off
-when the batch's drafts stop being accepted), timed in the same alternating rounds. The table is printed again
+when the batch's drafts stop being accepted), timed in the same alternating rounds when it runs a program of
+its own; where it resolves to the fixed-k program or to plain decoding itself, its cell is that program's time
+(and plain decoding is timed a second time, to show how far two samples of one program disagree here). The table is printed again
 in the EAGLE-3 paper's batch-table layout, written as CSV/JSON and plotted (--table_out).
 """
 from __future__ import annotations
@@ -94,14 +96,27 @@ def main(argv):
             _, stats, spec_out = timed_generate(target, ids, config, drafter)               # compile
             fields = policy_fields(k)
             policy = fields and speedup.spec_config(method, k, tree, artifact, **run["overrides"], **fields)
-            if policy:
+            # The policy at batch B is often one of the two programs timed already (the schedule's k is the run's:
+            # the same config; k = 0: plain decoding itself); then its cell is that program's time, not a second
+            # sample of it. Only a policy that runs another program (another k, an acceptance switch) is timed.
+            resolved = policy.for_batch(B) if policy else None
+            same_as = ("plain" if resolved == plain_config else "fixed" if resolved == config else None) \
+                if policy else None
+            timed_policy = bool(policy) and same_as is None
+            if timed_policy:
                 _, policy_stats, policy_out = timed_generate(target, ids, policy, drafter)  # compile
-            plain_s = spec_s = policy_s = float("inf")
+            plain_s = spec_s = policy_s = noise_s = float("inf")
             for _ in range(FLAGS.rounds):
                 plain_s = min(plain_s, timed_generate(target, ids, plain_config, None)[0])
                 spec_s = min(spec_s, timed_generate(target, ids, config, drafter)[0])
-                if policy:
+                if timed_policy:
                     policy_s = min(policy_s, timed_generate(target, ids, policy, drafter)[0])
+                elif same_as == "plain":     # plain again: how far two samples of one program disagree here
+                    noise_s = min(noise_s, timed_generate(target, ids, plain_config, None)[0])
+            if same_as is not None:
+                policy_s = plain_s if same_as == "plain" else spec_s
+                policy_stats, policy_out = (dict(num_speculative_tokens=0, plain_passes=0, target_passes=1), plain_out) \
+                    if same_as == "plain" else (stats, spec_out)
             # Costs at this batch size, at a typical context: mean prompt length + half the generation.
             context = int(np.mean([len(r) for r in ids])) + FLAGS.max_new_tokens // 2
             buf = stats["buffer_len"]
@@ -141,14 +156,18 @@ def main(argv):
             if policy:
                 rec.update(policy_k=policy_stats["num_speculative_tokens"], policy_speedup=plain_s / policy_s,
                            policy_tokens_per_s=n / policy_s,
-                           policy_plain_share=policy_stats["plain_passes"] / max(policy_stats["target_passes"], 1))
+                           policy_plain_share=policy_stats["plain_passes"] / max(policy_stats["target_passes"], 1),
+                           policy_program=same_as or "own", plain_repeat=plain_s / noise_s if noise_s < float("inf")
+                           else float("nan"))
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={k}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, spec "
                   f"{rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {predicted:.2f}x, loop alone "
                   f"{steady:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
                   f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} c_step {draft_cost:.2f} "
                   f"verify {tv / t1:.2f}, roofline {roofline:.2f}x"
-                  + (f"; policy (k={rec['policy_k']}) {rec['policy_speedup']:.2f}x" if policy else ""), flush=True)
+                  + (f"; policy (k={rec['policy_k']}, {rec['policy_program']}) {rec['policy_speedup']:.2f}x"
+                     if policy else "")
+                  + (f"; plain timed again: {rec['plain_repeat']:.2f}x" if same_as == "plain" else ""), flush=True)
 
     print(f"\n{FLAGS.target}, float32, CPU, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one generate() "
           f"call per batch; fastest of {FLAGS.rounds} alternating rounds")
@@ -180,9 +199,10 @@ def print_batch_table(records: list[dict], batch_sizes: list[int]) -> None:
     for method in dict.fromkeys(r["method"] for r in records):
         rows = {r["batch"]: r for r in records if r["method"] == method}
         for label, key in ((f"{method} k={next(iter(rows.values()))['k']}", "speedup"),
-                           ("  + roofline", "roofline"), (f"{method} policy", "policy_speedup")):
-            if any(key in r for r in rows.values()):
-                print(f"| {label} | " + " | ".join(f"{rows[b][key]:.2f}" if b in rows and key in rows[b] else "-"
+                           ("  + roofline", "roofline"), (f"{method} policy", "policy_speedup"),
+                           ("  plain timed again", "plain_repeat")):
+            if any(key in r and not np.isnan(r[key]) for r in rows.values()):
+                print(f"| {label} | " + " | ".join(f"{rows[b][key]:.2f}" if b in rows and not np.isnan(rows[b].get(key, np.nan)) else "-"
                                                   for b in batch_sizes) + " |")
 
 

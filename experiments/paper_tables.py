@@ -179,11 +179,35 @@ def main(argv):
         unmatched = sorted({m["base_method"] for m in measured} - {r["method"] for r in papers})
         if unmatched:
             print(f"measured methods with no paper row: {', '.join(unmatched)}")
+    if measured:
+        print_summary(rows, measured)
     write_table(rows, FLAGS.paper_out, meta={"paper_csv": FLAGS.paper_csv,
                                              "measured": FLAGS.measured if measured else None,
                                              "default_c": FLAGS.default_c, "default_depth": FLAGS.default_depth,
                                              "verify_cost": FLAGS.verify_cost})
     plot(rows, FLAGS.paper_out)
+
+
+def print_summary(rows: Sequence[dict], measured: Sequence[dict]) -> None:
+    """The README's table: one line per measured row (ours: alpha, tau, measured and predicted speedup), beside
+    the paper row matched to it that reports the most (tau and speedup; a code dataset first) and the analytic
+    model's number for that paper row."""
+    print("\n| ours | our alpha | our tau | our speedup | our model | paper (target, dataset) | paper tau | "
+          "paper speedup | model | src |")
+    print("| " + " | ".join(["---"] * 10) + " |")
+    f2 = lambda v: "-" if v is None or v == "" else f"{float(v):.2f}"
+    for m in measured:
+        papers = [r for r in rows if r.get("ours_method") == m["method"] and r.get("ours_prompts") == m["prompts"]
+                  and r.get("ours_temperature") == m["temperature"]]
+        best = max(papers, key=lambda r: (number(r["tau"]) is not None, number(r["speedup"]) is not None,
+                                          bool(re.search(r"humaneval", r["dataset"], re.I))), default=None)
+        drafter = best and best["drafter_or_method"]
+        label = best and (f"{best['paper']} ({best['target']}, {best['dataset']})"
+                          + (f": {drafter}" if drafter and drafter.lower() not in best["paper"].lower() else ""))
+        paper = (label, best["tau"] or "-",
+                 best["speedup"] or "-", f2(best["model"]), best["src"]) if best else ("-",) * 5
+        print(f"| {m['method']} (k={m['k']}) | {f2(m['alpha'])} | {f2(m['tau'])} | {f2(m['speedup'])}x | "
+              f"{f2(m['predicted'])}x | " + " | ".join(paper) + " |")
 
 
 def plot(rows: Sequence[dict], stem: str) -> str:

@@ -11,6 +11,7 @@ from specjax.tree_search import max_dynamic_nodes
 from specjax.trees import TreeSpec
 
 MAX_SPECULATIVE_TOKENS = 64                        # drafted tokens per step (tree nodes besides the root)
+ACCEPTANCE_RATE_WINDOW = 16                        # speculative steps the acceptance switch averages by default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class SpecConfig:
     # distribution; a sampled request's draw then depends on its batch (which k, when the switch came).
     draft_len_schedule: Any = None
     acceptance_rate_threshold: float | None = None
-    acceptance_rate_window_size: int = 16
+    acceptance_rate_window_size: int = ACCEPTANCE_RATE_WINDOW
 
     def __post_init__(self):
         spec = registry.get(self.method)
@@ -132,7 +133,7 @@ class SpecConfig:
             raise ValueError(f"acceptance_rate_threshold must be in [0, 1] (accepted / drafted), got {t!r}")
         if not isinstance(w, int) or isinstance(w, bool) or w < 1:
             raise ValueError(f"acceptance_rate_window_size must be an int >= 1, got {w!r}")
-        if t is None and w != 16:
+        if t is None and w != ACCEPTANCE_RATE_WINDOW:
             raise ValueError("acceptance_rate_window_size only applies with an acceptance_rate_threshold")
         schedule = self.draft_len_schedule
         if schedule is None:

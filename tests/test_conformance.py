@@ -245,16 +245,23 @@ def test_sampled_distribution_matches_target(target, exact_three, sampled_case, 
     assert p > 1e-4, p
 
 
-def test_planted_bug_fails_the_sampling_test(target, exact_three, sampled_case, monkeypatch):
-    """Resampling from p instead of norm(max(0, p - q)) after a rejection biases the output toward the drafts:
-    the same test must fail. (test_trees_decode plants the same bug for tree sampling.)"""
-    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    jax.clear_caches()                                # the compiled decode loop must be re-traced with the bug
+def with_planted_bug(monkeypatch, module, name: str, bug, decode_fn):
+    """decode_fn() with module.name replaced by `bug`; jit caches are cleared before and after, so the compiled
+    decode loop is re-traced with the bug and nothing compiled with it survives the test."""
+    monkeypatch.setattr(module, name, bug)
+    jax.clear_caches()
     try:
-        _, res = sampled_run("draft_model", sampled_case, fresh=True)
+        return decode_fn()
     finally:
         monkeypatch.undo()
         jax.clear_caches()
+
+
+def test_planted_bug_fails_the_sampling_test(target, exact_three, sampled_case, monkeypatch):
+    """Resampling from p instead of norm(max(0, p - q)) after a rejection biases the output toward the drafts:
+    the same test must fail. (test_trees_decode plants the same bug for tree sampling.)"""
+    _, res = with_planted_bug(monkeypatch, verify, "residual_distribution", lambda p, q: p,
+                              lambda: sampled_run("draft_model", sampled_case, fresh=True))
     p = sampled_pvalue(res, target, exact_three)
     print(f"planted bug p-value {p:.3g}")
     assert p < 1e-6, p

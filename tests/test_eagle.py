@@ -134,6 +134,7 @@ def test_greedy_equals_plain(target, drafters, long_baselines, method, batch, fi
         assert res.stats["accepted"] != simulated_accepted(target, w, prompts, long_baselines[batch], k, shift=-1)
 
 
+@pytest.mark.slow       # the conformance suite's chi-square covers EAGLE sampling in make test; this runs in test-slow
 def test_sampled_smoke(target, drafters):
     w = drafters["eagle3"]
     vocab = set(eagle.draft_to_target(w.d2t).tolist())

@@ -9,7 +9,9 @@ from specjax import SpecConfig
 from conftest import perturbed, ragged_prompts
 
 
-@pytest.mark.parametrize("implementation", ["pallas", "pallas_tpu"])
+# The TPU kernel's interpret mode is the slower one (~20 s): test-slow; its kernel tests against the reference stay
+# in make test (test_verify_attention).
+@pytest.mark.parametrize("implementation", ["pallas", pytest.param("pallas_tpu", marks=pytest.mark.slow)])
 def test_pallas_greedy_speculative_equals_xla(target, implementation):
     prompts = ragged_prompts(2, seed=2)
     draft = perturbed(target, 0.08)

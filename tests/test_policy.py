@@ -14,7 +14,8 @@ import specjax
 import specjax.decode as decode
 from specjax import SpecConfig
 from conftest import BASELINE_MAX_NEW, ragged_prompts
-from test_conformance import FACTORIES, SP, Case, exact_three, run, sampled_case, sampled_pvalue  # noqa: F401 (fixtures)
+from test_conformance import (FACTORIES, SP, Case, exact_three, run, sampled_case, sampled_pvalue,  # noqa: F401
+                              with_planted_bug)                                                # (fixtures)
 
 # make test runs one drafter across the switch (the switch is drafter-agnostic: it stops calling the drafter); CI's
 # test-slow runs every other factory.
@@ -78,18 +79,17 @@ def test_draft_len_schedule_picks_k_by_batch_size(target, near_draft, baselines)
         assert (res.stats["drafted"] > 0) == (k > 0)
 
 
-@pytest.fixture(scope="module")
-def switched_sampled(target, sampled_case):
+def switched_run(case):
     """The conformance suite's sampled batch with the switch after the first speculative step."""
-    return run("draft_model", sampled_case, seed=11, max_new_tokens=8, temperature=SP.temperature, top_k=SP.top_k,
+    return run("draft_model", case, seed=11, max_new_tokens=8, temperature=SP.temperature, top_k=SP.top_k,
                top_p=SP.top_p, acceptance_rate_threshold=1.0, acceptance_rate_window_size=1)
 
 
 @pytest.mark.slow       # 1503 requests, two compiles: CI runs the pair in test-slow (make test's 20-minute budget)
-def test_sampled_distribution_across_the_switch(target, exact_three, switched_sampled):
+def test_sampled_distribution_across_the_switch(target, exact_three, sampled_case):
     """Tokens 2 and 3 come from a speculative step or from plain steps after it: the joint of the first three is
     still the target's."""
-    _, res = switched_sampled
+    _, res = switched_run(sampled_case)
     assert res.stats["plain_passes"] > 0 and res.stats["accepted"] > 0
     p = sampled_pvalue(res, target, exact_three)
     print(f"p-value {p:.3g}")
@@ -99,15 +99,8 @@ def test_sampled_distribution_across_the_switch(target, exact_three, switched_sa
 @pytest.mark.slow
 def test_planted_bug_fails_the_switch_test(target, exact_three, sampled_case, monkeypatch):
     """The plain steps (and the first token) taking the argmax instead of sampling: the same test must fail."""
-    monkeypatch.setattr(decode, "_target_token", lambda logits, keys, spec: jax.numpy.argmax(logits, -1)
-                        .astype(jax.numpy.int32))
-    jax.clear_caches()
-    try:
-        _, res = run("draft_model", sampled_case, seed=11, max_new_tokens=8, temperature=SP.temperature,
-                     top_k=SP.top_k, top_p=SP.top_p, acceptance_rate_threshold=1.0, acceptance_rate_window_size=1)
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
+    argmax = lambda logits, keys, spec: jax.numpy.argmax(logits, -1).astype(jax.numpy.int32)
+    _, res = with_planted_bug(monkeypatch, decode, "_target_token", argmax, lambda: switched_run(sampled_case))
     p = sampled_pvalue(res, target, exact_three)
     print(f"planted bug p-value {p:.3g}")
     assert p < 1e-6, p
