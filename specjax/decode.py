@@ -56,7 +56,7 @@ class LoopState(NamedTuple):
     draft_state: Any
     step: jax.Array             # [] int32
     stats: DecodeStats
-    policy: PolicyState | None  # None: no acceptance policy (the loop body has no cond)
+    policy: PolicyState | None  # None: no acceptance policy (one loop, no switch)
 
 
 def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
