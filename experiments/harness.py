@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import specjax
-from specjax import analysis
+from specjax import analysis, metrics
 from specjax.api import make_drafter
 from specjax.drafters import registry
 from experiments import costs
@@ -86,12 +86,8 @@ def run_prompts(target, prompts, runs: list, repeats: int = 1, seed: int = 0,
                     totals["loop_steps"] += (r.stats["target_passes"] if len(idx) == 1 or trace is None
                                              else int(np.shape(trace)[1]))
     for _, totals in results:
-        totals["tokens_per_s"] = totals["generated_tokens"] / totals["wall_s"]
-        totals["alpha"] = totals["accepted"] / max(totals["drafted"], 1)
-        totals["tau"] = (totals["generated_tokens"] - totals["first_tokens"]) / max(totals["target_passes"], 1)
-        hist = np.asarray(totals["accept_hist"])                 # P(draft i accepted) among verify steps
-        totals["accept_per_position"] = [float(hist[i + 1:].sum() / max(int(hist.sum()), 1))
-                                         for i in range(len(hist) - 1)]
+        totals.update(metrics.rates(*(totals[key] for key in ("generated_tokens", "first_tokens", "target_passes",
+                                                               "accepted", "drafted", "accept_hist", "wall_s"))))
     return results
 
 

@@ -112,6 +112,41 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def prompt_bucket(n: int) -> int:
+    """A padded prompt width for an n-token prompt: at least 16, rounded up to a quarter of its octave (at most
+    25% padding; a power-of-two bucket wasted up to half, 512 slots for a 319-token prompt), so recompiles stay
+    logarithmic in the prompt length."""
+    if n <= 16:
+        return 16
+    return _round_up(n, 1 << ((n - 1).bit_length() - 3))
+
+
+def plan_prefill(lengths: Sequence[int], width: int, max_groups: int) -> tuple[np.ndarray, tuple]:
+    """Rows sorted by prompt length and cut into at most max_groups groups of consecutive sorted rows, each
+    prefilled at its own padded width (prompt_bucket of its longest; `width` for the last) so as to minimise the
+    padded prompt tokens -> (order [B] int32: the rows' indices in sorted order, ((num_rows, width), ...))."""
+    order = np.argsort(np.asarray(lengths), kind="stable").astype(np.int32)
+    sl = [int(lengths[i]) for i in order]
+    B = len(sl)
+    # A group can end only where the bucket grows, or at the last row: O(max_groups * ends^2) on a few buckets.
+    ends = [j for j in range(B - 1) if prompt_bucket(sl[j]) < prompt_bucket(sl[j + 1])] + [B - 1]
+    w_at = lambda j: width if j == B - 1 else min(prompt_bucket(sl[j]), width)
+    # best[g][e]: (padded tokens, cuts) of rows 0..ends[e] in g + 1 groups, the last ending at ends[e].
+    best = [[((ends[e] + 1) * w_at(ends[e]), (ends[e],)) for e in range(len(ends))]]
+    for _ in range(1, max(max_groups, 1)):
+        prev, row = best[-1], []
+        for e in range(len(ends)):
+            options = [prev[e]] + [(prev[d][0] + (ends[e] - ends[d]) * w_at(ends[e]), prev[d][1] + (ends[e],))
+                                   for d in range(e)]
+            row.append(min(options))
+        best.append(row)
+    cuts, start, groups = best[-1][-1][1], 0, []
+    for end in cuts:
+        groups.append((end + 1 - start, w_at(end)))
+        start = end + 1
+    return order, tuple(groups)
+
+
 def right_pad(rows: list[list[int]], width: int) -> np.ndarray:
     """Token-id lists -> int32 [len(rows), width], zero-padded on the right."""
     out = np.zeros((len(rows), width), np.int32)
@@ -158,7 +193,7 @@ def finish_drafter(target: Model, config: SpecConfig, drafter: Any, prompts: lis
 
 def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, drafter: Any = None,
              seed: int = 0, request_ids: Sequence[int] | None = None, mesh=None,
-             pad_to: int | None = None) -> GenerateResult:
+             pad_to: int | None = None, prefill_groups: int = 4) -> GenerateResult:
     """Decode each prompt (a string or a list of token ids) with `config.method` (any registered method:
     specjax.drafters.registry.methods()). `drafter` is what that method drafts from: a loaded artifact (a specjax
     Model for draft_model), a directory or a shipped name, predictions for "predicted", None for ngram/none. Greedy output equals plain
@@ -167,7 +202,12 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     mesh: a specjax.sharding.make_mesh() mesh; weights (target and draft) are split over its "model" axis and
     requests over "data" -- the same tokens as on one device. A vocabulary the model axis does not divide is
     padded and kv heads fewer than the axis are replicated (specjax.sharding.Layout); tokens and logits keep the
-    model's vocab_size."""
+    model's vocab_size.
+    pad_to: pad every prompt to this width (one compiled program for every batch of prompts up to pad_to tokens,
+    given the same prefill groups); default: prompt_bucket of the longest.
+    prefill_groups: at most this many prefill forwards. The rows are taken in prompt-length order and cut where
+    that minimises padded prompt tokens (plan_prefill), each group prefilled at its own width; the loop keeps the
+    caller's row order. 1 = one forward over every prompt padded to the longest. Under a mesh: one forward."""
     if config is None:
         config = SpecConfig()
     elif isinstance(config, dict):
@@ -195,17 +235,20 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     if longest + config.max_new_tokens > model.config.max_position_embeddings:
         raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
                          f"model's max_position_embeddings={model.config.max_position_embeddings}")
-    P = max(16, 1 << (longest - 1).bit_length())     # power-of-two prompt buckets keep recompiles rare
-    if pad_to is not None:                           # one compiled program for every prompt up to pad_to tokens
+    P = prompt_bucket(longest)
+    if pad_to is not None:
         if pad_to < longest:
             raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest} tokens)")
         P = pad_to
-    buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 64)
+    if not isinstance(prefill_groups, int) or prefill_groups < 1:
+        raise ValueError(f"prefill_groups must be a positive int, got {prefill_groups!r}")
+    buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 16)
     P = min(P, buffer_len)                           # padding must fit the buffer (the real tokens always do)
-    prompt_arr = right_pad(ids, P)
     rids = list(range(len(ids))) if request_ids is None else list(request_ids)
     if len(rids) != len(ids):
         raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
+    order, groups = plan_prefill([len(p) for p in ids], P, 1 if mesh is not None else prefill_groups)
+    prompt_arr = right_pad(ids, P)
     base = jax.random.PRNGKey(seed)
     keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.asarray(rids, jnp.uint32))
     drafter_obj, draft_params = make_drafter(model, config, drafter, ids, buffer_len)
@@ -218,7 +261,8 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh
         tokens, num_new, stats = decode(params, draft_params, *rows, jnp.int32(eos), cfg=model.config,
-                                        drafter=drafter_obj, spec=config, buffer_len=buffer_len)
+                                        drafter=drafter_obj, spec=config, buffer_len=buffer_len,
+                                        prefill_groups=groups, prefill_order=None if len(groups) == 1 else order)
     n = len(ids)
     tokens, num_new = to_host(tokens)[:n], to_host(num_new)[:n]
     stats = jax.tree_util.tree_map(lambda x: to_host(x)[:n], stats)
@@ -226,5 +270,6 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     out = [tokens[i, len(p):len(p) + int(num_new[i])].tolist() for i, p in enumerate(ids)]
     finish_drafter(model, config, drafter, ids, buffer_len, out)
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
-    return GenerateResult(out, texts, {**summarize(stats, num_new, wall, k), "buffer_len": buffer_len,
-                                       "num_speculative_tokens": k})
+    return GenerateResult(out, texts, {**summarize(stats, num_new, wall), "buffer_len": buffer_len,
+                                       "num_speculative_tokens": k,
+                                       "prefill_groups": [list(g) for g in groups]})  # [[rows, width], ...]

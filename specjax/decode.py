@@ -117,24 +117,66 @@ def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | Non
                     for name in getattr(drafter, "target_weights", ())}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len"))
+def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_lengths: jax.Array,
+                    groups: tuple[tuple[int, int], ...], buffer_len: int, hidden_layers: tuple[int, ...] = (),
+                    implementation: str = "xla", order: jax.Array | None = None) -> ForwardOut:
+    """The target's forward over right-padded prompts [B, P] into one cache of buffer_len slots, one forward per
+    group of rows -> ForwardOut: logits [B, 1, V] at each row's last prompt token, hidden states [B, P, ...]
+    (zero past its group's width), the cache (lengths not set). Rows keep their order in every output.
+
+    groups ((num_rows, width), ...) cut the rows taken in `order` [B] (default: as given) into consecutive runs,
+    every prompt of a run at most `width` tokens. Rows sorted by length and grouped by width skip most of the
+    padding: a batch of 64 HumanEval prompts padded to its longest (319 tokens, mean 118) made the prefill 2.7x
+    the real work. Each group also attends over a cache of its own width, not the whole buffer, and is then
+    written into the buffer in place."""
+    B, P = prompts.shape
+    if sum(rows for rows, _ in groups) != B or any(not 0 < width <= P for _, width in groups):
+        raise ValueError(f"prefill groups {groups} do not cover a batch of {B} prompts of width {P}")
+    Hkv, dtype = kv_heads(params, cfg), params["embed"].dtype
+    cache = KVCache.init(cfg.num_layers, B, buffer_len, Hkv, cfg.head_dim, dtype)
+    if order is None:
+        order = jnp.arange(B)
+    outs, start = [], 0
+    for rows, width in groups:
+        at = order[start:start + rows] if len(groups) > 1 else slice(None)                 # [rows] batch rows
+        part = KVCache.init(cfg.num_layers, rows, width, Hkv, cfg.head_dim, dtype)
+        out = forward(params, cfg, prompts[at, :width], part, hidden_layers=hidden_layers,
+                      implementation=implementation, logits_at=prompt_lengths[at] - 1)
+        place = lambda full, new, at=at, w=width: full.at[at, :, :w].set(new)           # [rows, Hkv, w, D]
+        cache = cache.replace(k=tuple(map(place, cache.k, out.cache.k)), v=tuple(map(place, cache.v, out.cache.v)))
+        outs.append((at, out))
+        start += rows
+    if len(groups) == 1:
+        return outs[0][1]._replace(cache=cache)
+
+    def gather(get, width=None):            # every group's [rows, w, ...] output into [B, width or w, ...]
+        first = get(outs[0][1])
+        full = jnp.zeros((B, width or first.shape[1]) + first.shape[2:], first.dtype)
+        for at, out in outs:
+            full = full.at[at, :get(out).shape[1]].set(get(out))
+        return full
+    return ForwardOut(gather(lambda o: o.logits), gather(lambda o: o.hidden, P),
+                      tuple(gather(lambda o, i=i: o.layer_hidden[i], P) for i in range(len(hidden_layers))), cache)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups"))
 def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
            request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
-           buffer_len: int) -> tuple[jax.Array, jax.Array, DecodeStats]:
+           buffer_len: int, prefill_groups: tuple[tuple[int, int], ...] | None = None,
+           prefill_order: jax.Array | None = None) -> tuple[jax.Array, jax.Array, DecodeStats]:
     """prompts [B, P] right-padded int32, prompt_lengths [B], request_keys [B, 2] (one per request), eos_id []
     (-1 = none). Returns (tokens [B, buffer_len], num_new [B], stats); row b's output is
-    tokens[b, prompt_lengths[b] : prompt_lengths[b] + num_new[b]]."""
+    tokens[b, prompt_lengths[b] : prompt_lengths[b] + num_new[b]]. prefill_groups (static) and prefill_order [B]:
+    as prefill_forward's groups and order (None: one prefill of every row at width P)."""
     B, P = prompts.shape
     k = drafter.num_tokens
     sp = spec.sampling
     max_new = spec.max_new_tokens
     step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)
 
-    cache = KVCache.init(cfg.num_layers, B, buffer_len, kv_heads(target_params, cfg), cfg.head_dim,
-                         target_params["embed"].dtype)
     layers, exposed = target_exposure(drafter, target_params, cfg.vocab_size)
-    prefill = forward(target_params, cfg, prompts, cache, hidden_layers=layers, implementation=spec.implementation,
-                      logits_at=prompt_lengths - 1)
+    prefill = prefill_forward(target_params, cfg, prompts, prompt_lengths, prefill_groups or ((B, P),), buffer_len,
+                              layers, spec.implementation, prefill_order)
     last_logits = prefill.logits[:, 0]                                                  # [B, V]
     first = _target_token(last_logits, step_keys(0), spec)                             # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)

@@ -4,7 +4,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def summarize(stats, num_new, wall_s: float, k: int) -> dict:
+def rates(generated: int, first_tokens: int, target_passes: int, accepted: int, drafted: int, accept_hist,
+          wall_s: float) -> dict:
+    """The ratios every report uses, from counts (one call's or summed over many): alpha, tau (tokens per target
+    pass after prefill, bonus included; each row's first token comes from prefill and is not counted), P(draft
+    i accepted) among the steps that verified drafts, tokens/s."""
+    hist = np.asarray(accept_hist)                                         # [k+1]
+    speculative = int(hist.sum())                                          # steps that verified drafts
+    return {
+        "alpha": accepted / drafted if drafted else float("nan"),
+        "tau": (generated - first_tokens) / target_passes if target_passes else float("nan"),
+        # P(draft i accepted) = P(at least i+1 accepted in a step)
+        "accept_per_position": [float(hist[i + 1:].sum() / max(speculative, 1)) for i in range(len(hist) - 1)],
+        "tokens_per_s": generated / wall_s if wall_s > 0 else float("nan"),
+    }
+
+
+def summarize(stats, num_new, wall_s: float) -> dict:
     """stats: DecodeStats as numpy (steps, drafted, accepted, plain_steps [B]; accept_hist [B, k+1];
     accept_trace [B, max_new_tokens])."""
     steps = int(np.sum(stats.steps))
@@ -12,9 +28,6 @@ def summarize(stats, num_new, wall_s: float, k: int) -> dict:
     accepted = int(np.sum(stats.accepted))
     hist = np.sum(np.asarray(stats.accept_hist), axis=0)                    # [k+1]
     generated = int(np.sum(num_new))
-    speculative = int(hist.sum())                                          # steps that verified drafts
-    # P(draft i accepted) = P(at least i+1 accepted in a step) among speculative steps.
-    per_position = [float(hist[i + 1:].sum() / max(speculative, 1)) for i in range(k)]
     return {
         "generated_tokens": generated,
         "target_passes": steps,                               # target passes after prefill
@@ -23,14 +36,10 @@ def summarize(stats, num_new, wall_s: float, k: int) -> dict:
         "drafted": drafted,
         "accepted": accepted,
         "rejected": drafted - accepted,
-        "alpha": accepted / drafted if drafted else float("nan"),
-        # Tokens per target pass, bonus included; the first token comes from prefill and is not counted.
-        "tau": (generated - np.count_nonzero(num_new)) / steps if steps else float("nan"),
         "accept_hist": hist.tolist(),
         # [B, loop steps] drafts accepted per row and step (-1: row finished, or a plain step): the per-step
         # acceptance trace experiments.simulate replays
         "accept_trace": np.asarray(stats.accept_trace)[:, :int(np.max(stats.steps, initial=0))],
-        "accept_per_position": per_position,
         "wall_s": wall_s,
-        "tokens_per_s": generated / wall_s if wall_s > 0 else float("nan"),
+        **rates(generated, int(np.count_nonzero(num_new)), steps, accepted, drafted, hist, wall_s),
     }

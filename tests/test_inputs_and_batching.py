@@ -1,8 +1,16 @@
-"""Bad input gets a clear error naming the problem; ragged batches decode exactly as one-at-a-time."""
+"""Bad input gets a clear error naming the problem; ragged batches decode exactly as one-at-a-time; the prefill in
+length groups equals one padded prefill."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import specjax
 from specjax import SpecConfig
+from specjax.api import plan_prefill, prompt_bucket, right_pad
+from specjax.decode import prefill_forward
 from conftest import ragged_prompts, tiny_model
 
 
@@ -12,6 +20,77 @@ def test_ragged_batch_equals_one_at_a_time(target):
     batched = specjax.generate(target, prompts, cfg).tokens
     alone = [specjax.generate(target, [p], cfg).tokens[0] for p in prompts]
     assert batched == alone
+
+
+def test_prompt_bucket_wastes_at_most_a_quarter():
+    widths = [prompt_bucket(n) for n in range(1, 2050)]
+    assert all(w >= n and (n <= 16 or w <= 1.25 * n) for n, w in enumerate(widths, 1))
+    assert widths == sorted(widths) and len(set(widths)) < 40        # few programs across 1..2049 tokens
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_prefill_is_the_cheapest_cut_of_the_sorted_rows(seed):
+    """Against every cut of the sorted rows into at most 3 groups (brute force)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, size=int(rng.integers(1, 9))).tolist()
+    width = prompt_bucket(max(lengths))
+    order, groups = plan_prefill(lengths, width, 3)
+    sorted_lengths = [lengths[i] for i in order]
+    assert sorted(sorted_lengths) == sorted_lengths and sorted(order.tolist()) == list(range(len(lengths)))
+    assert sum(r for r, _ in groups) == len(lengths) and groups[-1][1] == width
+    start = 0
+    for rows, w in groups:
+        assert max(sorted_lengths[start:start + rows]) <= w <= width
+        start += rows
+    B = len(lengths)
+    cost = lambda cuts: sum((b - a) * (width if b == B else min(prompt_bucket(sorted_lengths[b - 1]), width))
+                            for a, b in zip((0,) + cuts, cuts + (B,)))
+    best = min(cost(c) for n in range(3) for c in itertools.combinations(range(1, B), n))
+    assert sum(r * w for r, w in groups) == best
+
+
+def test_grouped_prefill_equals_one_padded_prefill(target):
+    """Logits, hidden states at the prompt positions and every valid cache entry, row by row. Fails if a group's
+    rows land in the wrong batch rows or slots."""
+    prompts = ragged_prompts(7, seed=11) + [list(range(1, 40))]
+    lengths = [len(p) for p in prompts]
+    P = prompt_bucket(max(lengths))
+    order, groups = plan_prefill(lengths, P, 4)
+    assert len(groups) > 1, groups
+    cfg, params = target.config, target.params
+    arr, plen = jnp.asarray(right_pad(prompts, P)), jnp.asarray(lengths, jnp.int32)
+    run = jax.jit(prefill_forward, static_argnums=(1, 4, 5, 6))
+    one = run(params, cfg, arr, plen, ((len(prompts), P),), 96, (0,))
+    grouped = run(params, cfg, arr, plen, groups, 96, (0,), order=jnp.asarray(order))
+    np.testing.assert_allclose(grouped.logits, one.logits, atol=1e-5)
+    host = lambda out: [np.asarray(x) for x in (out.hidden, out.layer_hidden[0], *out.cache.k, *out.cache.v)]
+    for got, want in zip(host(grouped), host(one)):      # [B, P, H] states, then [B, Hkv, S, D] caches
+        for b, n in enumerate(lengths):
+            np.testing.assert_allclose(got[b, :n] if got.ndim == 3 else got[b, :, :n],
+                                       want[b, :n] if want.ndim == 3 else want[b, :, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize("method, k, extra", [
+    ("none", 0, {}), ("predicted", 3, {}),
+    pytest.param("draft_model", 3, {}, marks=pytest.mark.slow), pytest.param("ngram", 3, {}, marks=pytest.mark.slow),
+    pytest.param("draft_model", 4, {"tree_choices": ((0,), (1,), (0, 0), (0, 0, 0))}, marks=pytest.mark.slow)])
+def test_prefill_groups_do_not_change_the_output(target, draft, method, k, extra):
+    """Grouped prefills against one, sampled at temperature 1, with trees, hidden states read by a drafter's init
+    and a per-request drafter argument (predictions)."""
+    prompts = ragged_prompts(6, seed=12) + [list(range(1, 45))]
+    cfg = SpecConfig(method=method, num_speculative_tokens=k, max_new_tokens=16, temperature=1.0, **extra)
+    drafter = {"draft_model": draft, "predicted": [p[::-1] for p in prompts]}.get(method)
+    run = lambda g: specjax.generate(target, prompts, cfg, drafter=drafter, prefill_groups=g)
+    grouped, one = run(4), run(1)
+    assert len(grouped.stats["prefill_groups"]) > 1 and len(one.stats["prefill_groups"]) == 1
+    assert grouped.tokens == one.tokens
+    for key in ("accepted", "drafted", "target_passes"):
+        assert grouped.stats[key] == one.stats[key], key
+
+
+def test_bad_prefill_groups(target):
+    with pytest.raises(ValueError, match="prefill_groups must be a positive int"):
+        specjax.generate(target, [[1, 2]], SpecConfig(max_new_tokens=2), prefill_groups=0)
 
 
 @pytest.mark.parametrize("kwargs,match", [
