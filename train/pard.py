@@ -16,9 +16,12 @@ tokens only), or "corpus" (default), packed stdlib windows (the skeleton's defau
 tied on the greedy held-out metric and corpus was slightly ahead on the mask drafts (numbers in the shipped
 artifact's MANIFEST). Held-out metric either way, on the self-distilled held-out rows: per draft position the
 top-1 agreement with the frozen target's greedy token, and the expected accepted length of a k-token (and a
-4-token) parallel draft; on the greedy rows those chains are exactly what greedy verification accepts.
+4-token) parallel draft; on the greedy rows those chains are exactly what greedy verification accepts from each
+position (averaged over every position, which overstates a loop step: see self_distill.chain_metrics).
 """
 from __future__ import annotations
+
+import dataclasses
 
 from absl import flags
 import jax
@@ -27,6 +30,7 @@ import numpy as np
 
 from specjax.drafters import pard
 from specjax.drafters.draft_model import check_same_vocabulary
+from specjax.models.llama import init_params
 from train import data, losses, self_distill, skeleton
 
 flags.DEFINE_string("init", "checkpoints/stdlib-draft", "draft model to start from (HF directory, target's vocab)")
@@ -35,9 +39,11 @@ flags.DEFINE_float("ce_weight", 0.1, "weight of next-token CE mixed with the KL 
 flags.DEFINE_enum("data", "corpus", ["selfdistill", "corpus"], "training data (see the module docstring)")
 flags.DEFINE_integer("mask_ends", 64, "context ends per row that get mask streams each step (drawn at random; "
                      "0 = every position): the masks' share of the forward is mask_ends / seq_len of the dense form")
+flags.DEFINE_integer("add_layers", 0, "decoder layers appended to --init before fine-tuning, each starting as the "
+                     "identity (random attention/MLP inputs, zero output projections), so step 0 is --init's model")
 flags.DEFINE_integer("num_train", 6144, "self-distillation continuations (train.self_distill; the cached set)")
 
-RUN_FLAGS = ("init", "num_masks", "ce_weight", "data", "mask_ends", "num_train")
+RUN_FLAGS = ("init", "add_layers", "num_masks", "ce_weight", "data", "mask_ends", "num_train")
 
 NOTES = """\
 PARD parallel drafter for {target}: {init} ({m:.2f}M parameters, {cfg.num_layers} layer(s), hidden
@@ -55,10 +61,22 @@ Data: {data_desc}.
 
 Held-out ({rows} self-distilled continuations from held-out stdlib prompts, {greedy_rows} of them greedy),
 top-1 agreement with the target's greedy token per stream (draft 1..{k}): {acc}. Expected accepted drafts of a
-parallel draft (greedy rows, where it is exactly what greedy verification accepts): {accept_g:.3f} at k = {k},
+parallel draft (greedy rows, where it is exactly what greedy verification accepts from each position; averaged
+over every position, which overstates a decode loop's step): {accept_g:.3f} at k = {k},
 {accept_g4:.3f} at k = 4 (all rows: {accept:.3f} / {accept4:.3f}). Chain agreement (drafts 1..i all agree,
 greedy rows): {chain}.
 """
+
+
+def add_identity_layers(params: dict, cfg, n: int, seed: int) -> tuple[dict, "ModelConfig"]:
+    """Append n decoder layers that start as the identity on the residual stream: random input projections (so
+    their gradients are not zero), zero wo and w_down (so the model's function is unchanged at step 0)."""
+    if n == 0:
+        return params, cfg
+    deeper = dataclasses.replace(cfg, num_layers=cfg.num_layers + n)
+    fresh = init_params(deeper, jax.random.PRNGKey(seed))["layers"][cfg.num_layers:]
+    new = [dict(lp, wo=jnp.zeros_like(lp["wo"]), w_down=jnp.zeros_like(lp["w_down"])) for lp in fresh]
+    return dict(params, layers=list(params["layers"]) + new), deeper
 
 
 def build(run: skeleton.Run) -> skeleton.Parts:
@@ -68,7 +86,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     draft = load_model(F.init)
     check_same_vocabulary(target, draft)
     tokenizer, mask_ids = pard.mask_tokenizer(draft.tokenizer, F.num_masks)
-    params, cfg = pard.add_mask_rows(draft.params, draft.config, F.num_masks)
+    params, cfg = pard.add_mask_rows(*add_identity_layers(draft.params, draft.config, F.add_layers, F.seed),
+                                     F.num_masks)
     k = F.num_masks + 1
     ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
     prompt_len, _, heldout, n_greedy = self_distill.recipe_rows(ds)
@@ -103,11 +122,12 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         fields = {
             "model_config": cfg.to_hf(), "num_params": cfg.num_params(), "storage_dtype": "bfloat16",
             "pard_mask_token_ids": list(mask_ids), "num_masks": F.num_masks, "max_k": k, "init": F.init,
-            "data": F.data, "first_label": first_label, "self_distillation": ds["meta"],
+            "add_layers": F.add_layers, "data": F.data, "first_label": first_label, "self_distillation": ds["meta"],
             "loss": {"per_stream": "(1-ce_weight)*KL(target||draft) + ce_weight*CE", "ce_weight": F.ce_weight,
                      "stream_weights": "equal"}, "mask_ends": F.mask_ends}
         notes = NOTES.format(
-            target=F.target, init=F.init, m=cfg.num_params() / 1e6, cfg=cfg, k=k, V=tcfg.vocab_size,
+            target=F.target, m=cfg.num_params() / 1e6, cfg=cfg, k=k, V=tcfg.vocab_size,
+            init=F.init + (f" + {F.add_layers} appended identity-initialised layer(s)" if F.add_layers else ""),
             num_masks=F.num_masks, first_mask=mask_ids[0], last_mask=mask_ids[-1], ce_weight=F.ce_weight,
             mask_ends=F.mask_ends or "all",
             data_desc=data_desc, rows=record["heldout_rows"], greedy_rows=record["heldout_rows_greedy"],
