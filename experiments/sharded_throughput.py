@@ -78,7 +78,6 @@ def main(_):
                                        max_new_tokens=FLAGS.new_tokens), draft)}
     cfg = target.config
     param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
-    buffer_len = -(-(FLAGS.prompt_len + FLAGS.new_tokens + FLAGS.k + 1) // 64) * 64
     print(f"{jax.device_count()} devices ({jax.devices()[0].platform}); model {cfg.num_layers}L h{cfg.hidden_size} "
           f"{cfg.num_heads}q/{cfg.num_kv_heads}kv heads, vocab {cfg.vocab_size}, "
           f"{target.config.num_params() / 1e6:.1f}M params ({param_bytes / 2**20:.1f} MiB f32); batch "
@@ -94,7 +93,6 @@ def main(_):
             per_dev = max(sharding.bytes_per_device(sharding.shard_params(target.params, cfg, mesh)).values())
             data, model = (dict(zip(mesh.axis_names, mesh.axis_sizes))[a] for a in ("data", "model"))
         mem = sharding.memory_per_device(cfg, data, model, dtype_bytes=4)    # cache per device, kv copies counted
-        cache_bytes = mem.kv_per_token * buffer_len * -(-FLAGS.batch // data)
         for name, (spec, drafter) in runs.items():
             wall, res = timed(lambda: specjax.generate(target, prompts, spec, drafter=drafter, mesh=mesh))
             tps = res.stats["generated_tokens"] / wall
@@ -104,7 +102,9 @@ def main(_):
             alpha = res.stats["alpha"]
             # Weights of the drafter (same size as the target here) double the params per device.
             w = per_dev * (2 if drafter is not None else 1)
-            kv = cache_bytes * (2 if drafter is not None else 1)
+            # The cache generate() allocated (its buffer_len), rows per device.
+            kv = (mem.kv_per_token * res.stats["buffer_len"] * -(-FLAGS.batch // data)
+                  * (2 if drafter is not None else 1))
             print(f"{mesh_name:>8} {name:>12} {tps:9.1f} {ratio:8.2f}x {alpha:6.2f} {str(same):>5} "
                   f"{w / 2**20:15.2f} {kv / 2**20:17.2f} {mem.layout.kv_repeat:>9} {mem.layout.vocab:>12}",
                   flush=True)

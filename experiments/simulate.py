@@ -65,7 +65,7 @@ def main(argv):
     del argv
     import specjax
     from specjax import SpecConfig
-    from specjax.api import make_drafter
+    from specjax.api import buffer_length, make_drafter
     from specjax.drafters import registry
     from experiments import costs
     from experiments.prompts import load_prompt_set
@@ -102,7 +102,7 @@ def main(argv):
     print(f"{sum(map(len, rows))} positions, {len(tested)} tested, agreement {rate:.3f}")
 
     # Costs at this batch size and buffer, as the loop pays them.
-    buf = -(-(max(map(len, ids)) + N + FLAGS.k_max + 1) // 16) * 16          # as generate() sizes it
+    buf = buffer_length(max(map(len, ids)), N, FLAGS.k_max)                # the real runs pad to the longest
     context = int(np.mean([len(r) for r in ids])) + N // 2
     t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
     longest = max(len(r) for r in ids)
@@ -129,12 +129,10 @@ def main(argv):
     # 10-40%, so the shape in k is a least-squares line through all of them.
     drafting = sorted(k for k in measured_costs if k > 0)
     if len(drafting) >= 2:
-        for i in (0, 1):
-            slope, icept = np.polyfit(drafting, [measured_costs[k][i] for k in drafting], 1)
-            for k in drafting:
-                fitted = list(measured_costs[k])
-                fitted[i] = max(icept + slope * k, 0.0)
-                measured_costs[k] = tuple(fitted)
+        lines = [np.polyfit(drafting, [measured_costs[k][i] for k in drafting], 1) for i in (0, 1)]   # propose, verify
+        for k in drafting:
+            tp, tv = (max(float(np.polyval(line, k)), 0.0) for line in lines)
+            measured_costs[k] = (tp, tv, measured_costs[k][2])
     # Real runs, timed in alternation (one call of each per round, the fastest kept) so this machine's drift hits
     # them alike: plain decoding and the recorded k_max run for the calibration, every choice for the check.
     real_configs = {"plain": plain_config}

@@ -121,6 +121,12 @@ def prompt_bucket(n: int) -> int:
     return _round_up(n, 1 << ((n - 1).bit_length() - 3))
 
 
+def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens: int) -> int:
+    """The token/KV buffer generate() allocates for prompts padded to prompt_width: every new token plus the k + 1
+    slots of a verify pass, rounded up to 16."""
+    return _round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
+
+
 def plan_prefill(lengths: Sequence[int], width: int, max_groups: int) -> tuple[np.ndarray, tuple]:
     """Rows sorted by prompt length and cut into at most max_groups groups of consecutive sorted rows, each
     prefilled at its own padded width (prompt_bucket of its longest; `width` for the last) so as to minimise the
@@ -242,7 +248,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         P = pad_to
     if not isinstance(prefill_groups, int) or prefill_groups < 1:
         raise ValueError(f"prefill_groups must be a positive int, got {prefill_groups!r}")
-    buffer_len = config.max_cache_len or _round_up(P + config.max_new_tokens + k + 1, 16)
+    buffer_len = config.max_cache_len or buffer_length(P, config.max_new_tokens, k)
     P = min(P, buffer_len)                           # padding must fit the buffer (the real tokens always do)
     rids = list(range(len(ids))) if request_ids is None else list(request_ids)
     if len(rids) != len(ids):
