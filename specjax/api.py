@@ -263,6 +263,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     params, rows = model.params, [prompt_arr, np.asarray([len(p) for p in ids], np.int32), np.asarray(keys)]
     if mesh is not None:         # batch padded to the data axis with dummy rows, which are dropped below
         params, draft_params, rows = shard_for_generate(mesh, model, config.method, drafter_obj, draft_params, rows)
+        groups = ((rows[0].shape[0], P),)        # one forward over the padded batch
 
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh

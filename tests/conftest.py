@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -18,6 +19,29 @@ def tiny_model(seed: int = 0, vocab: int = 61, hidden: int = 32, layers: int = 2
                       num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads, eos_token_id=None,
                       max_position_embeddings=4096, **cfg_kw)
     return Model(cfg, init_params(cfg, jax.random.PRNGKey(seed), std=std), None, name)
+
+
+MAX_MEMORY_MAPS = 30_000      # half the kernel's default vm.max_map_count (65530)
+
+
+def _memory_maps() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:              # not Linux: no such limit to watch
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs():
+    """Drop every compiled program once the process holds MAX_MEMORY_MAPS memory maps. XLA's CPU backend maps
+    each executable's code into memory (a decode loop: ~500 maps); one pytest process compiling a few hundred
+    decode loops reached the kernel's limit (vm.max_map_count) and died with a segmentation fault inside the
+    next compile. Clearing only past the threshold keeps the programs that neighbouring tests share."""
+    yield
+    if _memory_maps() > MAX_MEMORY_MAPS:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -174,7 +174,9 @@ def _greedy_params():
                 eos = (k, b) == EOS_CASE or (name == "none" and b == EOS_CASE[1])
                 # k = 1 with batch mates adds little that k = 3 at the same batch does not: CI runs it in test-slow.
                 # PARD at k = 1 (no mask at all) is a draft model's T = 2 catch-up step: test-slow too (budget).
-                marks = [pytest.mark.slow] if k == 1 and (b > 1 or name == "pard") else []
+                # k = 3 alone in a batch of 1: make test keeps it for the chain drafters plain and draft_model.
+                slow = (k == 1 and (b > 1 or name == "pard")) or (k == 3 and b == 1 and name != "draft_model")
+                marks = [pytest.mark.slow] if slow else []
                 yield pytest.param(name, k, b, eos, id=f"{name}-k{k}-b{b}" + ("-eos" if eos else ""), marks=marks)
 
 
@@ -235,7 +237,13 @@ def sampled_pvalue(res, target, exact) -> float:
     return gof_pvalue(joint_counts(res.tokens[:N_SAMPLES], target.config.vocab_size), exact)
 
 
-@pytest.mark.parametrize("name", list(FACTORIES))
+# make test samples one drafter of each verification path (a draft model's chain with its probabilities, drafts
+# without probabilities, a static and a dynamic tree, heads on target features); CI's test-slow samples the rest.
+SAMPLED_FAST = ("draft_model", "ngram", "draft_model-static_tree", "eagle2-dynamic_tree", "medusa", "mtp")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in SAMPLED_FAST else [pytest.mark.slow])
+                                  for n in FACTORIES])
 def test_sampled_distribution_matches_target(target, exact_three, sampled_case, name):
     """The joint distribution of the first 3 sampled tokens is the target's (by enumeration)."""
     config, res = sampled_run(name, sampled_case)

@@ -1,20 +1,23 @@
 """The notebooks in notebooks/: each one executes top to bottom with CI-sized parameters (slow: minutes each on a
 CPU), and the committed .ipynb files are what notebooks/build_notebooks.py generates (fast).
 
-Execution: nbclient runs every notebook in a kernel on THIS interpreter (a kernelspec written to a temporary
-directory whose argv is sys.executable, so the kernel sees the same venv as the test), with the repository root as
-its working directory, JAX_PLATFORMS=cpu, and the test's parameters in a cell injected after the notebook's
-"parameters" cell (papermill's convention). Each notebook's execution time is printed.
+Execution: nbclient runs every notebook in a child process (tests/_notebook_worker.py), in a kernel on THIS
+interpreter (a kernelspec written to a temporary directory whose argv is sys.executable, so the kernel sees the
+same venv as the test), with the repository root as its working directory, JAX_PLATFORMS=cpu, and the test's
+parameters in a cell injected after the notebook's "parameters" cell (papermill's convention). Each notebook's
+execution time is printed.
 """
 import ast
 import json
 import os
+import subprocess
 import sys
 import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 NOTEBOOK_DIR = os.path.join(REPO, "notebooks")
 CELL_TIMEOUT_S = 900
 
@@ -66,36 +69,36 @@ def _inject(nb, params: dict) -> None:
     nb.cells.insert(idx + 1, cell)
 
 
-def _kernel_manager(tmp_path):
-    """A KernelManager for an ipykernel on sys.executable (no kernelspec is installed anywhere)."""
-    from jupyter_client import KernelManager
-    from jupyter_client.kernelspec import KernelSpecManager
+def _kernel_dir(tmp_path) -> str:
+    """A kernelspec "specjax-test" for an ipykernel on sys.executable (no kernelspec is installed anywhere)."""
     kernels = tmp_path / "kernels"
     (kernels / "specjax-test").mkdir(parents=True)
     (kernels / "specjax-test" / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "specjax test kernel", "language": "python"}))
-    return KernelManager(kernel_name="specjax-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
+    return str(kernels)
 
 
 def _execute(name: str, params: dict, tmp_path, monkeypatch, capsys) -> None:
+    """Runs the notebook in a child process (tests/_notebook_worker.py): nbclient's kernel client leaves threads
+    and zmq sockets behind in the process that hosts it."""
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     nb = nbformat.read(os.path.join(NOTEBOOK_DIR, name + ".ipynb"), as_version=4)
     _inject(nb, params)
-    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path), timeout=CELL_TIMEOUT_S,
-                                     resources={"metadata": {"path": REPO}})
+    src, dst = tmp_path / f"{name}.ipynb", tmp_path / f"{name}.executed.ipynb"   # dst: for a failure's post-mortem
+    nbformat.write(nb, str(src))
     t0 = time.time()
-    try:
-        client.execute()
-    finally:
-        elapsed = time.time() - t0
-        nbformat.write(nb, str(tmp_path / f"{name}.executed.ipynb"))      # outputs, for a failure's post-mortem
-        with capsys.disabled():
-            print(f"\n[notebook] {name}.ipynb: {elapsed:.1f} s")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "_notebook_worker.py"), str(src), str(dst),
+                           _kernel_dir(tmp_path), REPO, str(CELL_TIMEOUT_S)],
+                          capture_output=True, text=True, timeout=4 * CELL_TIMEOUT_S)
+    elapsed = time.time() - t0
+    with capsys.disabled():
+        print(f"\n[notebook] {name}.ipynb: {elapsed:.1f} s")
+    assert proc.returncode == 0, f"{name}.ipynb failed (executed copy: {dst}):\n{proc.stderr[-4000:]}"
 
 
 @pytest.mark.slow

@@ -85,7 +85,9 @@ def test_apply_layout_keeps_the_model():
             assert np.array_equal(wk[:, j * D:(j + 1) * D], wk0[:, src * D:(src + 1) * D])
         got = full_logits(placed, cfg, tokens)
         assert got.shape == want.shape                                # the padded vocabulary is cut off
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        # float32 sums in another blocking (padded shapes) differ by ~1e-5 on logits of ~5; a misplaced head or
+        # row moves them by O(1).
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
         assert np.array_equal(np.argmax(got, -1), np.argmax(want, -1))
         again = sharding.apply_layout(placed, cfg, lay)               # placing twice is a no-op
         assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(placed)))
