@@ -8,10 +8,12 @@ Takes experiment.speedup's flags (--runs entries prompt_set:method:k[:tree][:key
 --max_new_tokens, --temperature, ...). For each batch size B the first B prompts of the set are decoded as ONE
 batch by plain decoding and by each run, timed in alternation (--rounds rounds, the fastest of each), EOS
 ignored so every row generates max_new_tokens. Columns: tokens/s of plain and speculative decoding, their ratio,
-alpha, tau, and the predicted ratio from costs measured at batch B and the run's buffer (experiments.costs: the
-prefills, one target forward over 1 and over k + 1 positions, one proposal): for the whole call (prefills
-included, as timed) and for the loop alone (tau / (c_step + verify_cost)). A gap between measured and predicted is
-the loop's overhead at that batch size. Speculation loses throughput once the verify
+alpha, tau (the rows' mean), batch tau (tokens per loop iteration: the batch steps together, so an iteration
+lasts until its slowest row is done), and the predicted ratio from costs measured at batch B and the run's buffer
+(experiments.costs: the prefill as generate() runs it, one target forward over 1 and over k + 1 positions, one
+proposal) and the run's loop iterations: for the whole call (prefills included, as timed) and for the loop alone
+(batch tau / (c_step + verify_cost)). A gap between measured and predicted is the loop's overhead at that batch
+size. Speculation loses throughput once the verify
 pass stops being memory-bound (the EAGLE-3 paper's batch table shows it on GPUs); on this CPU that comes early.
 
 Beside them: the roofline prediction (specjax.analysis.batch_roofline with this machine's measured matmul peak and
@@ -46,7 +48,9 @@ flags.DEFINE_list("batch_sizes", ["1", "8", "32", "64"], "batch sizes")
 flags.DEFINE_integer("rounds", 3, "alternating timing rounds per batch size (the fastest of each is kept)")
 flags.DEFINE_string("table_out", "runs/batch_scaling", "path stem of the table (.csv, .json) and its plot (.png)")
 flags.DEFINE_list("draft_len_schedule", ["8:k"], "the dynamic policy's SpecConfig.draft_len_schedule, as "
-                  "max_batch:k entries (k = 'k': the run's own k); empty: no policy rows")
+                  "max_batch:k entries (k = 'k': the run's own k); an entry method@max_batch:k applies to that "
+                  "method only, and a method with entries of its own ignores the unprefixed ones; empty: no "
+                  "policy rows")
 flags.DEFINE_float("acceptance_rate_threshold", None, "the dynamic policy's acceptance-rate switch (None: off)")
 flags.DEFINE_integer("acceptance_rate_window_size", 16, "speculative steps the acceptance rate is taken over")
 
@@ -59,12 +63,19 @@ def timed_generate(target, ids: list[list[int]], config, drafter) -> tuple[float
     return time.perf_counter() - t0, res.stats, res.tokens
 
 
-def policy_fields(k: int) -> dict:
-    """The dynamic policy's SpecConfig fields for a run drafting k tokens, from the flags ({} = no policy)."""
+def policy_fields(method: str, k: int) -> dict:
+    """The dynamic policy's SpecConfig fields for a run of `method` drafting k tokens, from the flags ({} = no
+    policy)."""
     fields = {}
-    if FLAGS.draft_len_schedule:
-        fields["draft_len_schedule"] = {int(b): (k if v == "k" else int(v))
-                                        for b, v in (e.split(":") for e in FLAGS.draft_len_schedule)}
+    own = [e.split("@", 1)[1] for e in FLAGS.draft_len_schedule if e.startswith(method + "@")]
+    entries = own or [e for e in FLAGS.draft_len_schedule if "@" not in e]
+    try:
+        schedule = {int(b): (k if v == "k" else int(v)) for b, v in (e.split(":") for e in entries)}
+    except ValueError:
+        raise app.UsageError(f"--draft_len_schedule {FLAGS.draft_len_schedule}: entries are max_batch:k or "
+                             f"method@max_batch:k (k an int or 'k')") from None
+    if schedule:
+        fields["draft_len_schedule"] = schedule
     if FLAGS.acceptance_rate_threshold is not None:
         fields.update(acceptance_rate_threshold=FLAGS.acceptance_rate_threshold,
                       acceptance_rate_window_size=FLAGS.acceptance_rate_window_size)
@@ -94,7 +105,7 @@ def main(argv):
             config = speedup.spec_config(method, k, tree, artifact, **run["overrides"])
             k = config.k
             _, stats, spec_out = timed_generate(target, ids, config, drafter)               # compile
-            fields = policy_fields(k)
+            fields = policy_fields(method, k)
             policy = fields and speedup.spec_config(method, k, tree, artifact, **run["overrides"], **fields)
             # The policy at batch B is often one of the two programs timed already (the schedule's k is the run's:
             # the same config; k = 0: plain decoding itself); then its cell is that program's time, not a second
@@ -128,15 +139,19 @@ def main(argv):
                 tp = costs.propose_seconds(d_obj, d_params, target, context, config.sampling, batch=B,
                                            cache_size=buf)
             draft_cost = 0.0 if np.isnan(tp) else tp / t1
-            steady = analysis.speedup_from_tau(stats["tau"], draft_cost, tv / t1)
-            # The whole call, as timed: both pay the target's prefill (padded to the longest prompt), speculation
-            # also its drafter's; then N - 1 tokens at 1 per plain step or tau per draft + verify step.
+            # The batch steps together: a loop iteration ends when its slowest row does, so the loop's tokens per
+            # iteration (batch tau) is below the rows' mean tau once rows accept at different rates.
+            steps = FLAGS.max_new_tokens - 1
+            iterations = stats["accept_trace"].shape[1]
+            batch_tau = steps / iterations
+            steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1)
+            # The whole call, as timed: both pay the target's prefill (in length groups, as generate() runs it),
+            # speculation also its drafter's; then N - 1 tokens at 1 per plain step or tau per draft + verify step.
             longest = max(len(r) for r in ids)
-            t_pre = costs.forward_seconds(target, 0, longest, batch=B, cache_size=buf, reps=3, inner=2)
+            t_pre = costs.prefill_seconds(target, ids, buf, pad_to=longest)
             t_dpre = costs.init_seconds(d_obj, d_params, target, longest, config.sampling, batch=B, cache_size=buf,
                                         reps=3, inner=2)
-            steps = FLAGS.max_new_tokens - 1
-            predicted = (t_pre + steps * t1) / (t_pre + t_dpre + steps / stats["tau"] * (draft_cost * t1 + tv))
+            predicted = (t_pre + steps * t1) / (t_pre + t_dpre + iterations * (draft_cost * t1 + tv))
             n = B * FLAGS.max_new_tokens
             greedy = plain_config.sampling.greedy
             exact = ("yes" if spec_out == plain_out and (not policy or policy_out == plain_out) else "no") \
@@ -149,7 +164,7 @@ def main(argv):
             rec = dict(batch=B, prompts=pset, method=run["label"] or method + (f"/{tree}" if tree else ""), k=k,
                        plain_tokens_per_s=n / plain_s, tokens_per_s=n / spec_s, speedup=plain_s / spec_s,
                        predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
-                       alpha=stats["alpha"], tau=stats["tau"],
+                       alpha=stats["alpha"], tau=stats["tau"], batch_tau=batch_tau,
                        c_step=draft_cost, verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact,
                        roofline=roofline)
             if policy:
@@ -164,7 +179,7 @@ def main(argv):
             print(f"batch {B:>3} {rec['method']:>14} k={k}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, spec "
                   f"{rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {predicted:.2f}x, loop alone "
                   f"{steady:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
-                  f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} c_step {draft_cost:.2f} "
+                  f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} (batch {batch_tau:.2f}) c_step {draft_cost:.2f} "
                   f"verify {tv / t1:.2f}, roofline {roofline:.2f}x"
                   + (f"; policy (k={rec['policy_k']}, {rec['policy_program']}) {rec['policy_speedup']:.2f}x"
                      if policy else "")
@@ -173,13 +188,14 @@ def main(argv):
     print(f"\n{FLAGS.target}, float32, CPU, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one generate() "
           f"call per batch; fastest of {FLAGS.rounds} alternating rounds")
     print(f"| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | loop alone | roofline | "
-          f"prefill share | alpha | tau | c_step | verify cost | policy k | policy | exact |")
-    print("| " + " | ".join(["---"] * 17) + " |")
+          f"prefill share | alpha | tau | batch tau | c_step | verify cost | policy k | policy | exact |")
+    print("| " + " | ".join(["---"] * 18) + " |")
     for r in records:
         pol = (f"{r['policy_k']} | {r['policy_speedup']:.2f}x" if "policy_k" in r else "- | -")
         print(f"| {r['batch']} | {r['method']} | {r['k']} | {r['plain_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} "
               f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_steady']:.2f}x | "
               f"{r['roofline']:.2f}x | {r['prefill_share']:.0%} | {r['alpha']:.3f} | {r['tau']:.2f} | "
+              f"{r['batch_tau']:.2f} | "
               f"{r['c_step']:.2f} | {r['verify_cost']:.2f} | {pol} | {r['exact']} |")
     print_batch_table(records, batch_sizes)
     write_table(records, FLAGS.table_out, meta={"batch_sizes": batch_sizes, "runs": FLAGS.runs, "target": FLAGS.target,

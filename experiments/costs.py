@@ -113,6 +113,17 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
     return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps)
 
 
+def prefill_seconds(model, ids: list[list[int]], buffer_len: int, reps: int = 5, **generate_kw) -> float:
+    """The target's prefill of these prompts as generate() runs it (rows cut into length groups, each prefilled at
+    its own width) at buffer_len cache slots, with a call's fixed host costs: the fastest of `reps` plain greedy
+    generate() calls producing one token. A single forward over every prompt padded to the longest overstates
+    the grouped prefill by up to 2-5x on a ragged batch. generate_kw: generate()'s (pad_to, prefill_groups)."""
+    import specjax
+    from specjax import SpecConfig
+    config = SpecConfig(max_new_tokens=1, stop_at_eos=False, max_cache_len=buffer_len)
+    return fastest_seconds(lambda: specjax.generate(model, ids, config, **generate_kw), reps)
+
+
 def machine_roofline(reps: int = 5) -> tuple[float, float]:
     """(peak FLOP/s, memory bandwidth in bytes/s) of the default device as XLA reaches them in float32: a
     1024-cubed matmul, and a sum over a 256 MB array (read once). What the roofline in specjax.analysis needs to

@@ -12,8 +12,8 @@ never tested (filled with the run's acceptance rate, averaged over --draws Monte
 positions with any k <= k_max gives that k's loop iterations (the batch steps together: a loop iteration ends
 when its slowest row does), and with the costs measured at this batch size (experiments.costs) its tokens/s:
 the propose and verify costs timed alone give the step time's shape in k (a least-squares line through the
-timed ks, as single timings scatter on a shared machine), and (--calibrate) the timed plain run
-and the recorded k_max run give its level in the loop, so the k_max row is a fit and the other rows the check.
+timed ks, as single timings scatter on a shared machine), and (--calibrate) the timed plain run and the recorded
+k_max run map it affinely onto the loop's step times (k = 0 and k_max are fits, the other rows the check).
 The dynamic policy (draft_len_schedule, acceptance_rate_threshold over a window) is replayed the same way.
 
 The simulation is checked against real runs of every k (--check): predicted vs measured loop iterations and
@@ -47,8 +47,9 @@ flags.DEFINE_float("acceptance_rate_threshold", 0.5, "the policy replayed beside
 flags.DEFINE_integer("acceptance_rate_window_size", 16, "its window")
 flags.DEFINE_integer("draws", 20, "Monte Carlo fills of the untested bonus positions")
 flags.DEFINE_bool("check", True, "run every k for real and compare")
-flags.DEFINE_bool("calibrate", True, "scale the isolated step costs to the loop's, from timed plain and k_max runs")
-flags.DEFINE_integer("rounds", 3, "alternating timed rounds of the real runs (one call of each per round, the "
+flags.DEFINE_bool("calibrate", True, "map the isolated step costs onto the loop's, through timed plain and k_max "
+                  "runs")
+flags.DEFINE_integer("rounds", 10, "alternating timed rounds of the real runs (one call of each per round, the "
                      "fastest kept)")
 flags.DEFINE_string("trace", "", "replay this recorded trace (JSON from --out) instead of recording one")
 flags.DEFINE_string("out", "runs/simulate", "path stem of the table (.csv/.json/.png); the trace goes to <out>_trace.json")
@@ -106,7 +107,7 @@ def main(argv):
     context = int(np.mean([len(r) for r in ids])) + N // 2
     t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
     longest = max(len(r) for r in ids)
-    t_pre = costs.forward_seconds(target, 0, longest, batch=B, cache_size=buf, reps=3, inner=2)
+    t_pre = costs.prefill_seconds(target, ids, buf, pad_to=longest)          # as the real runs pay it
 
     def step_costs(k: int) -> tuple[float, float, float]:
         """(propose, verify, drafter init) seconds at chain length k."""
@@ -125,6 +126,8 @@ def main(argv):
         choices += [(f"k={k} switch<{threshold:g}", k, dict(acceptance_rate_threshold=threshold,
                                                            acceptance_rate_window_size=window)) for k in ks]
     measured_costs = {k: step_costs(k) for k in sorted(set(ks) | {FLAGS.k_max} | {0})}
+    print("isolated costs (ms): " + ", ".join(f"k={k}: propose {tp * 1e3:.2f} verify {tv * 1e3:.2f}"
+                                               for k, (tp, tv, _) in measured_costs.items()), flush=True)
     # A chain's propose and verify costs grow about linearly in k; one timing per k on this machine scatters by
     # 10-40%, so the shape in k is a least-squares line through all of them.
     drafting = sorted(k for k in measured_costs if k > 0)
@@ -150,27 +153,31 @@ def main(argv):
                 t0 = time.perf_counter()
                 call(cfg)
                 real[name][0] = min(real[name][0], time.perf_counter() - t0)
-    step_scale, plain_step = 1.0, t1
+    loop_step, plain_step = (lambda isolated: isolated), t1
     if FLAGS.calibrate:
-        # Forwards timed alone miss what the loop adds around them (and this machine's drift between the two
-        # measurements). The recorded k_max run and a plain run, timed, give the loop's own step times; the
-        # isolated costs keep only the shape of the step time in k. The k_max prediction is then a fit, not a
-        # check: the other k are the check.
+        # Forwards timed alone miss what the loop adds around them and what it saves (here the loop ran a plain
+        # step faster than the same forward timed alone, and a k_max step slower). Two real runs, timed, give
+        # the loop's own step times at both ends: plain decoding (k = 0) and the recorded k_max run. The step
+        # time of every other choice is the isolated costs' shape mapped affinely through those two points, so
+        # the k_max prediction is a fit and the other k are the check.
         (plain_wall, _), (kmax_wall, kmax_res) = real["plain"], real[f"k={FLAGS.k_max}"]
         plain_step = (plain_wall - t_pre) / (N - 1)
         tp, tv, ti = measured_costs[FLAGS.k_max]
         kmax_step = (kmax_wall - t_pre - ti) / kmax_res.stats["accept_trace"].shape[1]
-        step_scale = kmax_step / (tp + tv)
+        slope = (kmax_step - plain_step) / (tp + tv - t1) if tp + tv > t1 else kmax_step / (tp + tv)
+        loop_step = lambda isolated: plain_step + slope * (isolated - t1)
         print(f"calibration: plain step {plain_step * 1e3:.2f} ms in the loop vs {t1 * 1e3:.2f} ms alone; "
-              f"k={FLAGS.k_max} step {kmax_step * 1e3:.2f} ms vs {(tp + tv) * 1e3:.2f} ms (x{step_scale:.2f})")
+              f"k={FLAGS.k_max} step {kmax_step * 1e3:.2f} ms vs {(tp + tv) * 1e3:.2f} ms alone "
+              f"(loop step = {plain_step * 1e3:.2f} ms + {slope:.2f} x (isolated - {t1 * 1e3:.2f} ms))")
     records = []
     for label, k, policy in choices:
         sim = expected_replay(rows, k, rate, FLAGS.draws, threshold=policy.get("acceptance_rate_threshold"),
                               window=window)
         tp, tv, ti = measured_costs[k]
         plain_iters = sim["iterations"] - sim["speculative"]
-        seconds = t_pre + ti + sim["speculative"] * (tp + tv) * step_scale + plain_iters * plain_step
+        seconds = t_pre + ti + sim["speculative"] * loop_step(tp + tv) + plain_iters * plain_step
         rec = dict(choice=label, k=k, predicted_iterations=sim["iterations"],
+                   predicted_step_ms=loop_step(tp + tv) * 1e3,
                    predicted_speculative=sim["speculative"],
                    predicted_alpha=sim["accepted"] / sim["drafted"] if sim["drafted"] else float("nan"),
                    predicted_tokens_per_s=B * N / seconds, propose_ms=tp * 1e3, verify_ms=tv * 1e3)
@@ -189,21 +196,26 @@ def main(argv):
                        measured_tokens_per_s=B * N / seconds, measured_speedup=plain_s / seconds,
                        predicted_speedup=rec["predicted_tokens_per_s"] * plain_s / (B * N),
                        exact=res.tokens == plain.tokens)
+            # The loop's step time (fixed k only: a policy's run mixes plain and speculative steps).
+            rec["measured_step_ms"] = float("nan") if policy else \
+                (seconds - t_pre - measured_costs[k][2]) / iterations * 1e3
             rec["iterations_error"] = rec["predicted_iterations"] / iterations - 1
             rec["tokens_per_s_error"] = rec["predicted_tokens_per_s"] / rec["measured_tokens_per_s"] - 1
         print(f"measured plain decoding {B * N / plain_s:.0f} tok/s")
 
     print(f"\n{FLAGS.method} on {FLAGS.target}, {FLAGS.prompt_set}, batch {B}, {N} new tokens; trace at k={FLAGS.k_max}, "
           f"replayed {FLAGS.draws}x")
-    head = ["choice", "pred iters", "pred alpha", "pred tok/s"]
+    head = ["choice", "pred iters", "pred alpha", "pred step ms", "pred tok/s"]
     if FLAGS.check:
-        head += ["real iters", "real alpha", "real tok/s", "iters err", "tok/s err", "real speedup", "exact"]
+        head += ["real iters", "real alpha", "real step ms", "real tok/s", "iters err", "tok/s err", "real speedup",
+                 "exact"]
     print("| " + " | ".join(head) + " |\n| " + " | ".join("---" for _ in head) + " |")
     for r in records:
         cells = [r["choice"], f"{r['predicted_iterations']:.1f}", f"{r['predicted_alpha']:.3f}",
-                 f"{r['predicted_tokens_per_s']:.0f}"]
+                 f"{r['predicted_step_ms']:.2f}", f"{r['predicted_tokens_per_s']:.0f}"]
         if FLAGS.check:
-            cells += [str(r["measured_iterations"]), f"{r['measured_alpha']:.3f}", f"{r['measured_tokens_per_s']:.0f}",
+            cells += [str(r["measured_iterations"]), f"{r['measured_alpha']:.3f}", f"{r['measured_step_ms']:.2f}",
+                      f"{r['measured_tokens_per_s']:.0f}",
                       f"{r['iterations_error']:+.1%}", f"{r['tokens_per_s_error']:+.1%}",
                       f"{r['measured_speedup']:.2f}x", "yes" if r["exact"] else "no"]
         print("| " + " | ".join(cells) + " |")
