@@ -162,6 +162,9 @@ def assert_both_paths(name: str, config: SpecConfig, stats: dict) -> None:
 
 # ---- (a) greedy == plain greedy, (d) EOS per row ---------------------------------------------------------------
 
+# make test runs one drafter of each verification path (a draft model's chain with its probabilities, drafts
+# without probabilities, a static and a dynamic tree, heads on target features); CI's test-slow runs the rest.
+SAMPLED_FAST = ("draft_model", "ngram", "draft_model-static_tree", "eagle2-dynamic_tree", "medusa", "mtp")
 KS, BATCHES = (1, 3), (1, 3, 8)
 EOS_CASE = (3, 3)           # (k, batch) run with an EOS token (one compile serves (a) and (d))
 
@@ -174,8 +177,10 @@ def _greedy_params():
                 eos = (k, b) == EOS_CASE or (name == "none" and b == EOS_CASE[1])
                 # k = 1 with batch mates adds little that k = 3 at the same batch does not: CI runs it in test-slow.
                 # PARD at k = 1 (no mask at all) is a draft model's T = 2 catch-up step: test-slow too (budget).
-                # k = 3 alone in a batch of 1: make test keeps it for the chain drafters plain and draft_model.
-                slow = (k == 1 and (b > 1 or name == "pard")) or (k == 3 and b == 1 and name != "draft_model")
+                # k = 3 alone in a batch of 1: make test keeps it for draft_model; k = 3 in a batch of 8 for one
+                # drafter of each verification path (SAMPLED_FAST). CI's test-slow runs every case.
+                slow = (k == 1 and (b > 1 or name == "pard")) or (k == 3 and b == 1 and name != "draft_model") \
+                    or (k == 3 and b == 8 and name not in SAMPLED_FAST)
                 marks = [pytest.mark.slow] if slow else []
                 yield pytest.param(name, k, b, eos, id=f"{name}-k{k}-b{b}" + ("-eos" if eos else ""), marks=marks)
 
@@ -237,9 +242,6 @@ def sampled_pvalue(res, target, exact) -> float:
     return gof_pvalue(joint_counts(res.tokens[:N_SAMPLES], target.config.vocab_size), exact)
 
 
-# make test samples one drafter of each verification path (a draft model's chain with its probabilities, drafts
-# without probabilities, a static and a dynamic tree, heads on target features); CI's test-slow samples the rest.
-SAMPLED_FAST = ("draft_model", "ngram", "draft_model-static_tree", "eagle2-dynamic_tree", "medusa", "mtp")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in SAMPLED_FAST else [pytest.mark.slow])
