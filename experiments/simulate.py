@@ -164,8 +164,12 @@ def main(argv):
         plain_step = (plain_wall - t_pre) / (N - 1)
         tp, tv, ti = measured_costs[FLAGS.k_max]
         kmax_step = (kmax_wall - t_pre - ti) / kmax_res.stats["accept_trace"].shape[1]
-        slope = (kmax_step - plain_step) / (tp + tv - t1) if tp + tv > t1 else kmax_step / (tp + tv)
-        loop_step = lambda isolated: plain_step + slope * (isolated - t1)
+        if tp + tv > t1:
+            slope = (kmax_step - plain_step) / (tp + tv - t1)
+            loop_step = lambda isolated: plain_step + slope * (isolated - t1)
+        else:                        # no spread between the two points to fit a slope through: one factor
+            slope = kmax_step / (tp + tv)
+            loop_step = lambda isolated: slope * isolated
         print(f"calibration: plain step {plain_step * 1e3:.2f} ms in the loop vs {t1 * 1e3:.2f} ms alone; "
               f"k={FLAGS.k_max} step {kmax_step * 1e3:.2f} ms vs {(tp + tv) * 1e3:.2f} ms alone "
               f"(loop step = {plain_step * 1e3:.2f} ms + {slope:.2f} x (isolated - {t1 * 1e3:.2f} ms))")
