@@ -146,7 +146,7 @@ def main(argv):
             batch_tau = steps / iterations
             steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1)
             # The whole call, as timed: both pay the target's prefill (in length groups, as generate() runs it),
-            # speculation also its drafter's; then N - 1 tokens at 1 per plain step or tau per draft + verify step.
+            # speculation also its drafter's; then N - 1 plain steps, or the run's loop iterations of draft + verify.
             longest = max(len(r) for r in ids)
             t_pre = costs.prefill_seconds(target, ids, buf, pad_to=longest)
             t_dpre = costs.init_seconds(d_obj, d_params, target, longest, config.sampling, batch=B, cache_size=buf,

@@ -11,7 +11,7 @@ both engines generate max_new_tokens per row with EOS ignored; tokens/s = genera
 whole call (prefill included), the fastest of --reps calls after a warm-up call. vLLM stays loaded in its worker
 and the engines take turns, one call each per batch size and round, so the machine's drift (15-35% between runs
 on a shared 2-core VM) hits both alike; each timed call starts after a --settle_s pause, as the engine that
-ran last keeps its threads busy for a while (without it specjax measured ~10% slower at batch 32). specjax runs generate()'s defaults. The greedy outputs are compared
+ran last keeps its threads busy for a while. specjax runs generate()'s defaults. The greedy outputs are compared
 token for token (float32 on both sides, but different kernels: a near-tie logit may flip a token, after which
 the rows diverge; the table reports the identical rows and the first difference).
 """

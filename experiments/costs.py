@@ -117,7 +117,7 @@ def prefill_seconds(model, ids: list[list[int]], buffer_len: int, reps: int = 5,
     """The target's prefill of these prompts as generate() runs it (rows cut into length groups, each prefilled at
     its own width) at buffer_len cache slots, with a call's fixed host costs: the fastest of `reps` plain greedy
     generate() calls producing one token. A single forward over every prompt padded to the longest overstates
-    the grouped prefill by up to 2-5x on a ragged batch. generate_kw: generate()'s (pad_to, prefill_groups)."""
+    the grouped prefill of a ragged batch. generate_kw: generate()'s (pad_to, prefill_groups)."""
     import specjax
     from specjax import SpecConfig
     config = SpecConfig(max_new_tokens=1, stop_at_eos=False, max_cache_len=buffer_len)

@@ -58,10 +58,9 @@ def main(argv):
         calls, outputs, stats = {}, {}, {}
         for name, (kwargs, fields) in settings(ids, FLAGS.max_new_tokens).items():
             for n in (FLAGS.max_new_tokens, 1):
-                cfg = SpecConfig(max_new_tokens=n, stop_at_eos=False, **fields)
-                if n == 1:      # the same buffer as the whole call: the prefill's cost at the same shapes
-                    cfg = SpecConfig(max_new_tokens=1, stop_at_eos=False,
-                                     max_cache_len=stats[name]["buffer_len"])
+                # n = 1: the same buffer as the whole call, so the prefill's cost at the same shapes
+                cfg = SpecConfig(max_new_tokens=n, stop_at_eos=False, **fields) if n > 1 else \
+                    SpecConfig(max_new_tokens=1, stop_at_eos=False, max_cache_len=stats[name]["buffer_len"])
                 calls[name, n] = lambda cfg=cfg, kwargs=kwargs: specjax.generate(target, ids, cfg, **kwargs)
                 res = calls[name, n]()                                  # compile
                 if n > 1:
@@ -90,7 +89,8 @@ def main(argv):
               "call ms", "prefill share", "tok/s", "exact"]
     print(text_table(header, [[r["batch"], r["setting"], r["buffer"], r["groups"],
                                f"{r['padded_prompt_tokens']} / {r['prompt_tokens']}", f"{r['prefill_ms']:.1f}",
-                               f"{r['step_ms']:.2f}", f"{r['call_ms']:.0f}", f"{r['prefill_share']:.0%}", f"{r['tok_s']:.0f}",
+                               f"{r['step_ms']:.2f}", f"{r['call_ms']:.0f}", f"{r['prefill_share']:.0%}",
+                               f"{r['tok_s']:.0f}",
                                "yes" if r["exact"] else "NO"] for r in rows]))
     write_table(rows, FLAGS.table_out, {"model": FLAGS.model, "max_new_tokens": FLAGS.max_new_tokens,
                                         "rounds": FLAGS.rounds, "prompts": "HumanEval, the first B"})

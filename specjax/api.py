@@ -253,7 +253,8 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     rids = list(range(len(ids))) if request_ids is None else list(request_ids)
     if len(rids) != len(ids):
         raise ValueError(f"{len(rids)} request_ids for {len(ids)} prompts")
-    order, groups = plan_prefill([len(p) for p in ids], P, 1 if mesh is not None else prefill_groups)
+    if mesh is None:
+        order, groups = plan_prefill([len(p) for p in ids], P, prefill_groups)
     prompt_arr = right_pad(ids, P)
     base = jax.random.PRNGKey(seed)
     keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.asarray(rids, jnp.uint32))
@@ -263,7 +264,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     params, rows = model.params, [prompt_arr, np.asarray([len(p) for p in ids], np.int32), np.asarray(keys)]
     if mesh is not None:         # batch padded to the data axis with dummy rows, which are dropped below
         params, draft_params, rows = shard_for_generate(mesh, model, config.method, drafter_obj, draft_params, rows)
-        groups = ((rows[0].shape[0], P),)        # one forward over the padded batch
+        order, groups = None, ((rows[0].shape[0], P),)        # one forward over the padded batch
 
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh

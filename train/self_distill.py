@@ -167,8 +167,8 @@ def chain_metrics(tots: dict, width: int) -> dict:
     positions 0..i all agree) and the expected accepted length of a width-token chain, over all rows and per part
     (heldout_accept_len[_greedy|_sampled]; on greedy rows exactly what greedy verification accepts from each
     position). It averages over every position; a decode loop's steps start right after a rejected draft, which can
-    weigh harder positions more: for the shipped PARD draft on 8 HumanEval greedy rows, 1.22 over every position
-    against 1.10 per loop step, which replaying the loop's walk over the same agreements reproduces (1.10)."""
+    weigh harder positions more, so it can overstate the accepted length per loop step (replaying the loop's walk
+    over the same agreements gives the loop's number)."""
     hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
     out = {f"heldout_acc{i}": float(hits[i] / max(labels[i], 1)) for i in range(width)}
     out.update({f"heldout_chain{i}": float(chain[i] / max(chains, 1)) for i in range(width)})
