@@ -91,10 +91,12 @@ for B in batches:
         return acc + out.logits[0, 0, 0], out.cache.replace(lengths=cache.lengths)
 
     q0 = jnp.ones((B, 1, cfg.num_heads, cfg.head_dim), jnp.float32)
+    layout = {"keys_transposed": True} if getattr(cache, "keys_transposed", False) else {}   # revisions without it
     def attn_body(i, c, q0=q0):
         acc, cache = c
         for layer in range(cfg.num_layers):
-            o = verify_attention_reference(q0 * (i + layer), cache.k[layer], cache.v[layer], cache.lengths + 1)
+            o = verify_attention_reference(q0 * (i + layer), cache.k[layer], cache.v[layer], cache.lengths + 1,
+                                           **layout)
             acc = acc + o[0, 0, 0, 0]
         return acc, cache
 

@@ -12,27 +12,51 @@ import jax.numpy as jnp
 from specjax.sharding import constrain_cache
 
 
+def keys_transposed_by_default() -> bool:
+    """Whether a cache stores its keys slots-last ([B, Hkv, D, S]) unless told: on a CPU. There the decode step is
+    bound by the attention's pass over the cache, and the scores q.K reduced over D as the minor axis (64 elements
+    per output) run at a third of the speed of the same sum over a minor axis of slots. Accelerators and their
+    Pallas kernels read [S, D] tiles."""
+    return jax.default_backend() == "cpu"
+
+
 @flax.struct.dataclass
 class KVCache:
-    k: tuple            # L arrays [B, Hkv, S, D], one per layer
+    k: tuple            # L arrays [B, Hkv, S, D], or [B, Hkv, D, S] when keys_transposed, one per layer
     v: tuple            # L arrays [B, Hkv, S, D]
     lengths: jax.Array  # [B] int32: valid entries per row
+    keys_transposed: bool = flax.struct.field(pytree_node=False, default=False)
 
     @classmethod
     def init(cls, num_layers: int, batch: int, size: int, num_kv_heads: int, head_dim: int,
-             dtype=jnp.float32) -> "KVCache":
+             dtype=jnp.float32, keys_transposed: bool | None = None) -> "KVCache":
+        """keys_transposed: None picks keys_transposed_by_default()."""
         # One buffer per layer: attention reads its layer's buffer where it lies. Slicing a layer out of one
         # [L, ...] buffer made XLA copy that layer's K and V on every forward.
-        # Heads before slots: the attention then reads each (row, kv head) as one contiguous [S, D] matrix. With
-        # slots first, XLA transposed every layer's K and V into that order on every forward.
+        # Heads before slots: the attention then reads each (row, kv head) as one contiguous matrix. With slots
+        # first, XLA transposed every layer's K and V into that order on every forward.
+        if keys_transposed is None:
+            keys_transposed = keys_transposed_by_default()
         shape = (batch, num_kv_heads, size, head_dim)
-        zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
-        cache = cls(zeros(), zeros(), jnp.zeros((batch,), jnp.int32))
+        k_shape = (batch, num_kv_heads, head_dim, size) if keys_transposed else shape
+        zeros = lambda s: tuple(jnp.zeros(s, dtype) for _ in range(num_layers))
+        cache = cls(zeros(k_shape), zeros(shape), jnp.zeros((batch,), jnp.int32), keys_transposed)
         return constrain_cache(cache)      # under a mesh: batch over "data", kv heads over "model"
 
     @property
     def size(self) -> int:
-        return self.k[0].shape[2]
+        return self.v[0].shape[2]
+
+    def keys(self, layer: int) -> jax.Array:
+        """Layer `layer`'s keys as [B, Hkv, S, D] whatever the storage (a transposed copy when keys_transposed)."""
+        return jnp.swapaxes(self.k[layer], 2, 3) if self.keys_transposed else self.k[layer]
+
+    def _slot_view(self, keys: bool):
+        """Index (rows, slots) of a K or V buffer -> the [B, T, Hkv, D] block: the row and slot index arrays
+        are split by slices, so numpy's rules put their broadcast dims first in either layout."""
+        transposed = keys and self.keys_transposed
+        return (lambda rows, slots: (rows, slice(None), slice(None), slots)) if transposed else \
+            (lambda rows, slots: (rows, slice(None), slots))
 
     def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, starts: jax.Array) -> "KVCache":
         """Write k_new/v_new [B, T, Hkv, D] at slots starts[b] .. starts[b] + T - 1 of `layer` (a start past
@@ -44,10 +68,12 @@ class KVCache:
         B, T = k_new.shape[:2]
         rows = jnp.arange(B)[:, None]                                   # [B, 1]
         slots = jnp.clip(starts, 0, self.size - T)[:, None] + jnp.arange(T)[None, :]     # [B, T]
-        # The (rows, slots) pair is split by the heads slice, so the indexed block is [B, T, Hkv, D] like k_new.
-        put = lambda bufs, new: bufs[:layer] + (bufs[layer].at[rows, :, slots].set(
-            new.astype(bufs[layer].dtype), unique_indices=True),) + bufs[layer + 1:]
-        return self.replace(k=put(self.k, k_new), v=put(self.v, v_new))
+
+        def put(bufs, new, keys):
+            at = self._slot_view(keys)(rows, slots)                     # indexes a [B, T, Hkv, D] block
+            updated = bufs[layer].at[at].set(new.astype(bufs[layer].dtype), unique_indices=True)
+            return bufs[:layer] + (updated,) + bufs[layer + 1:]
+        return self.replace(k=put(self.k, k_new, True), v=put(self.v, v_new, False))
 
     def compact(self, src_slots: jax.Array, dst_start: jax.Array) -> "KVCache":
         """Move the entries at src_slots [B, P] to contiguous slots dst_start[b] .. dst_start[b] + P - 1 (all
@@ -55,5 +81,20 @@ class KVCache:
         B, P = src_slots.shape
         rows = jnp.arange(B)[:, None]                                   # [B, 1]
         dst = jnp.clip(dst_start, 0, self.size - P)[:, None] + jnp.arange(P)[None, :]     # [B, P]
-        move = lambda buf: buf.at[rows, :, dst].set(buf[rows, :, src_slots], unique_indices=True)  # [B, P, Hkv, D]
-        return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
+
+        def move(buf, keys):
+            view = self._slot_view(keys)
+            return buf.at[view(rows, dst)].set(buf[view(rows, src_slots)], unique_indices=True)   # [B, P, Hkv, D]
+        return self.replace(k=tuple(move(b, True) for b in self.k), v=tuple(move(b, False) for b in self.v))
+
+    def place(self, rows: jax.Array | slice, part: "KVCache") -> "KVCache":
+        """Copy `part`'s buffers (its slots 0 .. part.size - 1, every layer) into rows `rows` of this cache, which
+        must share its layout; lengths untouched. How a prefill computed over a narrower cache lands in the
+        decode loop's buffer."""
+        if part.keys_transposed != self.keys_transposed:
+            raise ValueError("KVCache.place: the two caches store their keys in different layouts")
+        w = part.size
+        v_at = (rows, slice(None), slice(None, w))                      # [rows, Hkv, w, D]
+        k_at = (rows, slice(None), slice(None), slice(None, w)) if self.keys_transposed else v_at
+        return self.replace(k=tuple(f.at[k_at].set(p) for f, p in zip(self.k, part.k)),
+                            v=tuple(f.at[v_at].set(p) for f, p in zip(self.v, part.v)))

@@ -142,8 +142,7 @@ def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_l
         part = KVCache.init(cfg.num_layers, rows, width, Hkv, cfg.head_dim, dtype)
         out = forward(params, cfg, prompts[at, :width], part, hidden_layers=hidden_layers,
                       implementation=implementation, logits_at=prompt_lengths[at] - 1)
-        place = lambda full, new, at=at, w=width: full.at[at, :, :w].set(new)           # [rows, Hkv, w, D]
-        cache = cache.replace(k=tuple(map(place, cache.k, out.cache.k)), v=tuple(map(place, cache.v, out.cache.v)))
+        cache = cache.place(at, out.cache)
         outs.append((at, out))
         start += rows
     if len(groups) == 1:

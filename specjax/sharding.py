@@ -9,7 +9,8 @@ Layout (Megatron-style, so each decoder layer costs two all-reduces over "model"
   wq/wk/wv [H, heads*D] and w_gate/w_up [H, I]: columns (heads, intermediate) over "model"; bq/bk/bv likewise;
   wo [Hq*D, H] and w_down [I, H]: rows over "model" (their matmul ends in an all-reduce);
   embed [V, H] and lm_head [H, V]: vocabulary over "model"; norms replicated;
-  KV cache (one [B, Hkv, S, D] per layer): batch over "data", kv heads over "model"; batch rows of every input over "data".
+  KV cache (one [B, Hkv, S, D] per layer; K [B, Hkv, D, S] on a CPU): batch over "data", kv heads over "model";
+  batch rows of every input over "data".
 Heads are contiguous blocks, so device i holds q heads i*Hq/m.. and exactly the kv heads they read (GQA groups
 never straddle devices). A draft model is a Llama too and gets the same specs; the drafters hold no sharding
 code: the jit'd loop is traced under the mesh, KVCache.init pins its buffers to CACHE_SPEC (constrain_cache), and XLA's
@@ -65,7 +66,7 @@ _LEAF_SPECS: dict[str, P] = {
     "bq": P("model"), "bk": P("model"), "bv": P("model"),
     "wo": P("model", None), "w_gate": P(None, "model"), "w_up": P(None, "model"), "w_down": P("model", None),
 }
-CACHE_SPEC = P("data", "model", None, None)              # each layer of KVCache.k / .v [B, Hkv, S, D]
+CACHE_SPEC = P("data", "model", None, None)              # each layer of KVCache.k / .v [B, Hkv, S or D, D or S]
 LENGTHS_SPEC = P("data")                                  # KVCache.lengths [B]
 
 

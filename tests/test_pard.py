@@ -85,7 +85,8 @@ def test_cache_holds_committed_tokens_and_drafts_match_a_plain_forward(target):
         for b in range(B):
             n = int(length[b])
             fresh = prefill(jnp.asarray(tokens[b:b + 1]))
-            np.testing.assert_allclose(np.stack(state.k)[:, b, :, :n], np.stack(fresh.k)[:, 0, :, :n], atol=1e-5)
+            keys = lambda cache: np.stack([cache.keys(i) for i in range(len(cache.k))])     # [L, B, Hkv, S, D]
+            np.testing.assert_allclose(keys(state)[:, b, :, :n], keys(fresh)[:, 0, :, :n], atol=1e-5)
             np.testing.assert_allclose(np.stack(state.v)[:, b, :, :n], np.stack(fresh.v)[:, 0, :, :n], atol=1e-5)
             seq = np.zeros((1, L), np.int32)
             seq[0, :n + k - 1] = np.concatenate([tokens[b, :n], p.mask_token_ids[:k - 1]])

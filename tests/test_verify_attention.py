@@ -101,26 +101,38 @@ TREE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("formulation", ["dot", "fused"])
-def test_reference_equals_naive_causal(formulation):
+# The reference in both formulations and both key layouts (a CPU cache stores its keys slots-last).
+REFERENCE_VARIANTS = pytest.mark.parametrize("formulation, keys_transposed", [
+    ("dot", False), ("fused", False), ("dot", True), ("fused", True)])
+
+
+def key_layout(k, keys_transposed):
+    return jnp.swapaxes(k, 2, 3) if keys_transposed else k
+
+
+@REFERENCE_VARIANTS
+def test_reference_equals_naive_causal(formulation, keys_transposed):
     q, k, v, lengths = make_inputs(3, 4, 20, 4, 2, 16, jnp.float32, [4, 11, 20])
-    out, lse = verify_attention_reference(q, k, v, lengths, return_lse=True, formulation=formulation)
+    out, lse = verify_attention_reference(q, key_layout(k, keys_transposed), v, lengths, return_lse=True,
+                                          formulation=formulation, keys_transposed=keys_transposed)
     want, want_lse = naive(q, k, v, lengths)
     check(out, want, jnp.float32, "reference out")
     check(lse, want_lse, jnp.float32, "reference lse")
 
 
-@pytest.mark.parametrize("formulation", ["dot", "fused"])
-def test_reference_tree_equals_naive_path(formulation):
+@REFERENCE_VARIANTS
+def test_reference_tree_equals_naive_path(formulation, keys_transposed):
     parents = [[-1, 0, 0, 1, 2], [-1, 0, 1, 1, 0]]
     q, k, v, lengths = make_inputs(2, 5, 16, 2, 1, 16, jnp.float32, [9, 16])
     mask = jnp.asarray(np.stack([parents_to_mask(p) for p in parents]))
-    out, lse = verify_attention_reference(q, k, v, lengths, mask, return_lse=True, formulation=formulation)
+    kw = dict(formulation=formulation, keys_transposed=keys_transposed)
+    kk = key_layout(k, keys_transposed)
+    out, lse = verify_attention_reference(q, kk, v, lengths, mask, return_lse=True, **kw)
     want, want_lse = naive(q, k, v, lengths, parents)
     check(out, want, jnp.float32, "reference tree out")
     check(lse, want_lse, jnp.float32, "reference tree lse")
     # A shared [T, T] mask with B > 1 (broadcast over the batch).
-    out2 = verify_attention_reference(q, k, v, lengths, mask[0], formulation=formulation)
+    out2 = verify_attention_reference(q, kk, v, lengths, mask[0], **kw)
     check(out2, naive(q, k, v, lengths, [parents[0]] * 2)[0], jnp.float32, "reference shared tree")
 
 

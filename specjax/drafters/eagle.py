@@ -518,7 +518,7 @@ class EagleDrafter:
         resid, x_in = _pre(params, self.config, emb, hid)
         q, k, v = _qkv(params["layer"], c, x_in, positions)
         cache = cache.write(0, k, v, cache.lengths)
-        o = attention(q, cache.k[0], cache.v[0], cache.lengths + T, mask, implementation=self.implementation,
+        o = attention(q, cache, 0, cache.lengths + T, mask, implementation=self.implementation,
                       q_positions=positions, sliding_window=None)
         return _post(params, self.config, resid, o.reshape(B, T, -1)), cache
 

@@ -68,14 +68,17 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x.astype(jnp.float32) * cos + rot.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-def attention(q, k_cache, v_cache, lengths, mask, *, implementation: str, q_positions, sliding_window):
-    """Dispatch to the verify-attention implementation. Lengths include the T new entries."""
+def attention(q, cache: KVCache, layer: int, lengths, mask, *, implementation: str, q_positions, sliding_window):
+    """q [B, T, Hq, D] over cache layer `layer` with the verify-attention implementation. Lengths include the T
+    new entries."""
     if implementation == "xla" or sliding_window is not None:
         from pallas_kernels.verify_attention.reference import verify_attention_reference
-        return verify_attention_reference(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
-                                          sliding_window=sliding_window)
+        return verify_attention_reference(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
+                                          sliding_window=sliding_window, keys_transposed=cache.keys_transposed)
     from pallas_kernels.verify_attention import verify_attention
-    return verify_attention(q, k_cache, v_cache, lengths, mask, implementation=implementation)
+    # The kernels read [S, D] tiles; a CPU cache keeps its keys transposed, so interpreting a kernel there reads a
+    # transposed copy (on accelerators the cache is in the kernels' layout).
+    return verify_attention(q, cache.keys(layer), cache.v[layer], lengths, mask, implementation=implementation)
 
 
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *,
@@ -130,7 +133,7 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)         # [B, T, Hkv, D]
     v = v.reshape(B, T, Hkv, D)
     cache = cache.write(index, k, v, cache.lengths)
-    o = attention(q, cache.k[index], cache.v[index], cache.lengths + T, mask, implementation=implementation,
+    o = attention(q, cache, index, cache.lengths + T, mask, implementation=implementation,
                   q_positions=positions, sliding_window=cfg.sliding_window)
     x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)

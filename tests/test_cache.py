@@ -1,0 +1,61 @@
+"""KVCache in both key layouts: writes at per-row offsets, a tree step's compaction and a prefill's placement leave
+the same keys and values in the same slots, so attention over either layout reads one cache."""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.cache import KVCache, keys_transposed_by_default
+
+B, L, S, Hkv, D = 3, 2, 12, 2, 4
+
+
+def entries(seed, T):
+    k, v = jax.random.normal(jax.random.PRNGKey(seed), (2, B, T, Hkv, D))
+    return k, v
+
+
+def history(keys_transposed):
+    """Writes at ragged starts (one clamped at the end), then a compaction, then a placement of a narrower cache
+    into two of the rows. -> [(keys [B, Hkv, S, D], values) per layer]."""
+    cache = KVCache.init(L, B, S, Hkv, D, keys_transposed=keys_transposed)
+    starts = jnp.asarray([0, 5, S - 1])                                   # the last row's write is clamped to S - 3
+    for layer in range(L):
+        cache = cache.write(layer, *entries(layer, 3), starts)
+    cache = cache.compact(jnp.asarray([[2, 0], [7, 5], [11, 9]]), jnp.asarray([1, 6, 3]))
+    part = KVCache.init(L, 2, 4, Hkv, D, keys_transposed=keys_transposed)
+    for layer in range(L):
+        part = part.write(layer, *(x[:2, :4] for x in entries(10 + layer, 4)), jnp.zeros(2, jnp.int32))
+    cache = cache.place(jnp.asarray([2, 0]), part)
+    return [(np.asarray(cache.keys(i)), np.asarray(cache.v[i])) for i in range(L)], cache
+
+
+def test_layouts_hold_the_same_entries():
+    plain, c0 = history(False)
+    transposed, c1 = history(True)
+    assert c0.k[0].shape == (B, Hkv, S, D) and c1.k[0].shape == (B, Hkv, D, S) and c1.size == c0.size == S
+    for (k0, v0), (k1, v1) in zip(plain, transposed):
+        np.testing.assert_array_equal(k1, k0)
+        np.testing.assert_array_equal(v1, v0)
+    # Spot checks against the writes themselves, so that a bug shared by both layouts fails too.
+    k_written, v_written = entries(1, 3)                                  # layer 1's writes, [B, 3, Hkv, D]
+    keys, values = plain[1]
+    for slot, t in ((5, 0), (6, 2), (7, 0)):                             # row 1: slots 7, 5 compacted to 6, 7
+        np.testing.assert_array_equal(keys[1, :, slot], np.asarray(k_written[1, t]))
+    np.testing.assert_array_equal(values[2, :, 4], np.asarray(v_written[2, 0]))     # clamped write, then moved
+    placed = np.asarray(entries(10, 4)[0][1])                             # part row 1 -> row 0, layer 0
+    np.testing.assert_array_equal(plain[0][0][0, :, :4], np.swapaxes(placed, 0, 1))
+
+def test_place_refuses_another_layout():
+    with pytest.raises(ValueError, match="different layouts"):
+        KVCache.init(1, 2, 8, Hkv, D, keys_transposed=True).place(slice(None), KVCache.init(1, 2, 4, Hkv, D,
+                                                                                           keys_transposed=False))
+
+
+def test_default_layout_follows_the_backend():
+    assert keys_transposed_by_default() == (jax.default_backend() == "cpu")
+    assert KVCache.init(1, 1, 8, Hkv, D).keys_transposed == keys_transposed_by_default()
