@@ -14,9 +14,9 @@ from specjax.sharding import constrain_cache
 
 def keys_transposed_by_default() -> bool:
     """Whether a cache stores its keys slots-last ([B, Hkv, D, S]) unless told: on a CPU. There the decode step is
-    bound by the attention's pass over the cache, and the scores q.K reduced over D as the minor axis (64 elements
-    per output) run at a third of the speed of the same sum over a minor axis of slots. Accelerators and their
-    Pallas kernels read [S, D] tiles."""
+    bound by the attention's pass over the cache, and XLA runs the scores q.K reduced over D as the minor axis (a
+    few dozen elements per output) much slower than the same sums over a minor axis of slots. Accelerators and
+    their Pallas kernels read [S, D] tiles."""
     return jax.default_backend() == "cpu"
 
 

@@ -60,20 +60,19 @@ def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
                                mask: jax.Array | None = None, *, sm_scale: float | None = None,
                                q_positions: jax.Array | None = None, sliding_window: int | None = None,
                                return_lse: bool = False, formulation: str = "auto", keys_transposed: bool = False):
-    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, S, D] (k_cache [B, Hkv, D, S] when keys_transposed); lengths
-    [B] (valid slots, the T new ones included);
-    mask None (causal) or bool [T, T] / [B, T, T] (mask[i, j]: node i sees node j). Returns out [B, T, Hq, D]
-    (q's dtype) and, if return_lse, the log-sum-exp [B, T, Hq] in float32.
+    """q [B, T, Hq, D]; k_cache, v_cache [B, Hkv, S, D] (k_cache [B, Hkv, D, S] when keys_transposed); lengths [B]
+    (valid slots, the T new ones included); mask None (causal) or bool [T, T] / [B, T, T] (mask[i, j]: node i sees
+    node j). Returns out [B, T, Hq, D] (q's dtype) and, if return_lse, the log-sum-exp [B, T, Hq] in float32.
 
     formulation (static): "dot" computes scores and output with batched matmuls over (row, kv head); "fused" with
-    elementwise products and sums that XLA fuses into one pass over K and one over V (the zeroing of unread V
-    slots included). The same math in a different summation order. On a CPU, decoding a batch is bound by reading
-    the cache, and the matmuls, each only T x G rows tall, read it at a third of the fused loops' speed. "auto":
-    fused on a CPU for at most FUSED_MAX_ROWS query rows per kv head over at least FUSED_MIN_KV_BYTES of K and V,
-    dots otherwise (prefill, large trees, accelerators).
+    elementwise products and sums that XLA fuses into passes over K and V. The same math in a different summation
+    order. On a CPU, decoding a batch is bound by reading the cache, and over keys laid out [S, D] the matmuls, each
+    only T x G rows tall, read it far slower than the fused loops. "auto": fused on a CPU for at most
+    FUSED_MAX_ROWS query rows per kv head over at least FUSED_MIN_KV_BYTES of K and V, dots otherwise (prefill,
+    large trees, accelerators).
 
     keys_transposed (static): K stored slots-last. On a CPU the scores then reduce over the slots' axis as the
-    minor one instead of over D (64 elements per output), which runs about three times faster in either
+    minor one instead of over D (a few dozen elements per output), which XLA runs much faster in either
     formulation."""
     B, T, Hq, D = q.shape
     Hkv, S = v_cache.shape[1], v_cache.shape[2]
