@@ -12,8 +12,9 @@ never tested (filled with the run's acceptance rate, averaged over --draws Monte
 positions with any k <= k_max gives that k's loop iterations (the batch steps together: a loop iteration ends
 when its slowest row does), and with the costs measured at this batch size (experiments.costs) its tokens/s:
 the propose and verify costs timed alone give the step time's shape in k (a least-squares line through the
-timed ks, as single timings scatter on a shared machine), and (--calibrate) the timed plain run and the recorded
-k_max run map it affinely onto the loop's step times (k = 0 and k_max are fits, the other rows the check).
+timed ks, as single timings scatter on a shared machine), and (--calibrate) the timed plain run, the recorded
+k_max run and a run at a middle k (--calibrate_mid_k) map it piecewise-affinely onto the loop's step times (those
+three are fits, the other rows the check).
 The dynamic policy (draft_len_schedule, acceptance_rate_threshold over a window) is replayed the same way.
 
 The simulation is checked against real runs of every k (--check): predicted vs measured loop iterations and
@@ -49,6 +50,8 @@ flags.DEFINE_integer("draws", 20, "Monte Carlo fills of the untested bonus posit
 flags.DEFINE_bool("check", True, "run every k for real and compare")
 flags.DEFINE_bool("calibrate", True, "map the isolated step costs onto the loop's, through timed plain and k_max "
                   "runs")
+flags.DEFINE_integer("calibrate_mid_k", -1, "a third timed run for the calibration, at this k between 0 and k_max "
+                     "(-1: k_max // 2; 0: none)")
 flags.DEFINE_integer("rounds", 10, "alternating timed rounds of the real runs (one call of each per round, the "
                      "fastest kept)")
 flags.DEFINE_string("trace", "", "replay this recorded trace (JSON from --out) instead of recording one")
@@ -139,8 +142,10 @@ def main(argv):
     # Real runs, timed in alternation (one call of each per round, the fastest kept) so this machine's drift hits
     # them alike: plain decoding and the recorded k_max run for the calibration, every choice for the check.
     real_configs = {"plain": plain_config}
-    if FLAGS.calibrate:                             # the same program as the choice k = k_max: one sample of it
-        real_configs[f"k={FLAGS.k_max}"] = config(FLAGS.k_max)
+    mid_k = FLAGS.k_max // 2 if FLAGS.calibrate_mid_k < 0 else FLAGS.calibrate_mid_k
+    anchor_ks = sorted({k for k in (mid_k, FLAGS.k_max) if 0 < k <= FLAGS.k_max}) if FLAGS.calibrate else []
+    for k in anchor_ks:                             # the same program as the choice k: one sample of it
+        real_configs[f"k={k}"] = config(k)
     if FLAGS.check:
         real_configs.update({label: config(k, **policy) for label, k, policy in choices})
     real = {}
@@ -155,24 +160,35 @@ def main(argv):
                 real[name][0] = min(real[name][0], time.perf_counter() - t0)
     loop_step, plain_step = (lambda isolated: isolated), t1
     if FLAGS.calibrate:
-        # Forwards timed alone miss what the loop adds around them and what it saves (here the loop ran a plain
-        # step faster than the same forward timed alone, and a k_max step slower). Two real runs, timed, give
-        # the loop's own step times at both ends: plain decoding (k = 0) and the recorded k_max run. The step
-        # time of every other choice is the isolated costs' shape mapped affinely through those two points, so
-        # the k_max prediction is a fit and the other k are the check.
-        (plain_wall, _), (kmax_wall, kmax_res) = real["plain"], real[f"k={FLAGS.k_max}"]
+        # Forwards timed alone miss what the loop adds around them and what it saves (the loop can run a plain
+        # step faster than the same forward timed alone and a long speculative step slower), and the isolated
+        # costs' line in k misses a verify pass that changes formulation with k. Real runs, timed, give the loop's
+        # own step times at plain decoding (k = 0), at k_max (the recorded run) and at a middle k; every other
+        # choice's step time is the isolated costs mapped piecewise-affinely through those points, so the anchors
+        # are fits and the other k are the check.
+        plain_wall = real["plain"][0]
         plain_step = (plain_wall - t_pre) / (N - 1)
-        tp, tv, ti = measured_costs[FLAGS.k_max]
-        kmax_step = (kmax_wall - t_pre - ti) / kmax_res.stats["accept_trace"].shape[1]
-        if tp + tv > t1:
-            slope = (kmax_step - plain_step) / (tp + tv - t1)
-            loop_step = lambda isolated: plain_step + slope * (isolated - t1)
-        else:                        # no spread between the two points to fit a slope through: one factor
-            slope = kmax_step / (tp + tv)
-            loop_step = lambda isolated: slope * isolated
-        print(f"calibration: plain step {plain_step * 1e3:.2f} ms in the loop vs {t1 * 1e3:.2f} ms alone; "
-              f"k={FLAGS.k_max} step {kmax_step * 1e3:.2f} ms vs {(tp + tv) * 1e3:.2f} ms alone "
-              f"(loop step = {plain_step * 1e3:.2f} ms + {slope:.2f} x (isolated - {t1 * 1e3:.2f} ms))")
+        points = [(t1, plain_step)]                                     # (isolated step, loop step) seconds
+        for k in anchor_ks:
+            wall, res = real[f"k={k}"]
+            tp, tv, ti = measured_costs[k]
+            if tp + tv > points[-1][0]:                                 # the map needs increasing isolated costs
+                points.append((tp + tv, (wall - t_pre - ti) / res.stats["accept_trace"].shape[1]))
+        if len(points) >= 2:
+            xs, ys = (np.asarray(v) for v in zip(*points))
+
+            def loop_step(isolated):         # piecewise-affine through the points, the end segments extended
+                i = int(np.clip(np.searchsorted(xs, isolated) - 1, 0, len(xs) - 2))
+                return ys[i] + (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) * (isolated - xs[i])
+        else:                        # no spread between the points to fit a slope through: one factor (k_max's)
+            wall, res = real[f"k={FLAGS.k_max}"]
+            tp, tv, ti = measured_costs[FLAGS.k_max]
+            factor = (wall - t_pre - ti) / res.stats["accept_trace"].shape[1] / (tp + tv)
+            loop_step = lambda isolated: factor * isolated
+        print("calibration (isolated -> loop step, ms): " + ", ".join(
+            f"{name} {x * 1e3:.2f} -> {loop_step(x) * 1e3:.2f}"
+            for name, x in zip(["plain"] + [f"k={k}" for k in anchor_ks], [t1] + [sum(measured_costs[k][:2])
+                                                                                   for k in anchor_ks])))
     records = []
     for label, k, policy in choices:
         sim = expected_replay(rows, k, rate, FLAGS.draws, threshold=policy.get("acceptance_rate_threshold"),
