@@ -51,12 +51,11 @@ class KVCache:
         """Layer `layer`'s keys as [B, Hkv, S, D] whatever the storage (a transposed copy when keys_transposed)."""
         return jnp.swapaxes(self.k[layer], 2, 3) if self.keys_transposed else self.k[layer]
 
-    def _slot_view(self, keys: bool):
-        """Index (rows, slots) of a K or V buffer -> the [B, T, Hkv, D] block: the row and slot index arrays
-        are split by slices, so numpy's rules put their broadcast dims first in either layout."""
-        transposed = keys and self.keys_transposed
-        return (lambda rows, slots: (rows, slice(None), slice(None), slots)) if transposed else \
-            (lambda rows, slots: (rows, slice(None), slots))
+    def _index(self, keys: bool, rows, slots) -> tuple:
+        """Index of (rows, slots) in a K (keys=True) or V buffer: slots are axis 3 of keys stored slots-last, axis 2
+        otherwise. With index arrays for both, split by slices, numpy's rules put their broadcast dims first in
+        either layout, so the indexed block is [B, T, Hkv, D]; with a slice of slots it keeps the buffer's layout."""
+        return (rows, slice(None), slice(None), slots) if keys and self.keys_transposed else (rows, slice(None), slots)
 
     def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, starts: jax.Array) -> "KVCache":
         """Write k_new/v_new [B, T, Hkv, D] at slots starts[b] .. starts[b] + T - 1 of `layer` (a start past
@@ -70,7 +69,7 @@ class KVCache:
         slots = jnp.clip(starts, 0, self.size - T)[:, None] + jnp.arange(T)[None, :]     # [B, T]
 
         def put(bufs, new, keys):
-            at = self._slot_view(keys)(rows, slots)                     # indexes a [B, T, Hkv, D] block
+            at = self._index(keys, rows, slots)                         # a [B, T, Hkv, D] block
             updated = bufs[layer].at[at].set(new.astype(bufs[layer].dtype), unique_indices=True)
             return bufs[:layer] + (updated,) + bufs[layer + 1:]
         return self.replace(k=put(self.k, k_new, True), v=put(self.v, v_new, False))
@@ -82,9 +81,9 @@ class KVCache:
         rows = jnp.arange(B)[:, None]                                   # [B, 1]
         dst = jnp.clip(dst_start, 0, self.size - P)[:, None] + jnp.arange(P)[None, :]     # [B, P]
 
-        def move(buf, keys):
-            view = self._slot_view(keys)
-            return buf.at[view(rows, dst)].set(buf[view(rows, src_slots)], unique_indices=True)   # [B, P, Hkv, D]
+        def move(buf, keys):                                            # a [B, P, Hkv, D] block
+            return buf.at[self._index(keys, rows, dst)].set(buf[self._index(keys, rows, src_slots)],
+                                                            unique_indices=True)
         return self.replace(k=tuple(move(b, True) for b in self.k), v=tuple(move(b, False) for b in self.v))
 
     def place(self, rows: jax.Array | slice, part: "KVCache") -> "KVCache":
@@ -93,8 +92,6 @@ class KVCache:
         decode loop's buffer."""
         if part.keys_transposed != self.keys_transposed:
             raise ValueError("KVCache.place: the two caches store their keys in different layouts")
-        w = part.size
-        v_at = (rows, slice(None), slice(None, w))                      # [rows, Hkv, w, D]
-        k_at = (rows, slice(None), slice(None), slice(None, w)) if self.keys_transposed else v_at
+        k_at, v_at = (self._index(keys, rows, slice(None, part.size)) for keys in (True, False))
         return self.replace(k=tuple(f.at[k_at].set(p) for f, p in zip(self.k, part.k)),
                             v=tuple(f.at[v_at].set(p) for f, p in zip(self.v, part.v)))

@@ -50,6 +50,7 @@ def test_layouts_hold_the_same_entries():
     placed = np.asarray(entries(10, 4)[0][1])                             # part row 1 -> row 0, layer 0
     np.testing.assert_array_equal(plain[0][0][0, :, :4], np.swapaxes(placed, 0, 1))
 
+
 def test_place_refuses_another_layout():
     with pytest.raises(ValueError, match="different layouts"):
         KVCache.init(1, 2, 8, Hkv, D, keys_transposed=True).place(slice(None), KVCache.init(1, 2, 4, Hkv, D,

@@ -242,8 +242,6 @@ def sampled_pvalue(res, target, exact) -> float:
     return gof_pvalue(joint_counts(res.tokens[:N_SAMPLES], target.config.vocab_size), exact)
 
 
-
-
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in SAMPLED_FAST else [pytest.mark.slow])
                                   for n in FACTORIES])
 def test_sampled_distribution_matches_target(target, exact_three, sampled_case, name):
