@@ -48,8 +48,8 @@ flags.DEFINE_float("acceptance_rate_threshold", 0.5, "the policy replayed beside
 flags.DEFINE_integer("acceptance_rate_window_size", 16, "its window")
 flags.DEFINE_integer("draws", 20, "Monte Carlo fills of the untested bonus positions")
 flags.DEFINE_bool("check", True, "run every k for real and compare")
-flags.DEFINE_bool("calibrate", True, "map the isolated step costs onto the loop's, through timed plain and k_max "
-                  "runs")
+flags.DEFINE_bool("calibrate", True, "map the isolated step costs onto the loop's, through timed plain, middle-k "
+                  "and k_max runs")
 flags.DEFINE_integer("calibrate_mid_k", -1, "a third timed run for the calibration, at this k between 0 and k_max "
                      "(-1: k_max // 2; 0: none)")
 flags.DEFINE_integer("rounds", 10, "alternating timed rounds of the real runs (one call of each per round, the "
@@ -140,7 +140,8 @@ def main(argv):
             tp, tv = (max(float(np.polyval(line, k)), 0.0) for line in lines)
             measured_costs[k] = (tp, tv, measured_costs[k][2])
     # Real runs, timed in alternation (one call of each per round, the fastest kept) so this machine's drift hits
-    # them alike: plain decoding and the recorded k_max run for the calibration, every choice for the check.
+    # them alike: plain decoding, a middle k and the recorded k_max run for the calibration, every choice for the
+    # check.
     real_configs = {"plain": plain_config}
     mid_k = FLAGS.k_max // 2 if FLAGS.calibrate_mid_k < 0 else FLAGS.calibrate_mid_k
     anchor_ks = sorted({k for k in (mid_k, FLAGS.k_max) if 0 < k <= FLAGS.k_max}) if FLAGS.calibrate else []
@@ -158,6 +159,13 @@ def main(argv):
                 t0 = time.perf_counter()
                 call(cfg)
                 real[name][0] = min(real[name][0], time.perf_counter() - t0)
+
+    def measured_step(label: str, k: int) -> float:
+        """A fixed-k real run's loop step time: its wall time less the prefill and the drafter's init, over its
+        loop iterations."""
+        wall, res = real[label]
+        return (wall - t_pre - measured_costs[k][2]) / res.stats["accept_trace"].shape[1]
+
     loop_step, plain_step = (lambda isolated: isolated), t1
     if FLAGS.calibrate:
         # Forwards timed alone miss what the loop adds around them and what it saves (the loop can run a plain
@@ -168,36 +176,31 @@ def main(argv):
         # are fits and the other k are the check.
         plain_wall = real["plain"][0]
         plain_step = (plain_wall - t_pre) / (N - 1)
-        points = [(t1, plain_step)]                                     # (isolated step, loop step) seconds
+        points = [("plain", t1, plain_step)]                            # (run, isolated step, loop step seconds)
         for k in anchor_ks:
-            wall, res = real[f"k={k}"]
-            tp, tv, ti = measured_costs[k]
-            if tp + tv > points[-1][0]:                                 # the map needs increasing isolated costs
-                points.append((tp + tv, (wall - t_pre - ti) / res.stats["accept_trace"].shape[1]))
+            isolated = sum(measured_costs[k][:2])                       # propose + verify
+            if isolated > points[-1][1]:                                # the map needs increasing isolated costs
+                points.append((f"k={k}", isolated, measured_step(f"k={k}", k)))
         if len(points) >= 2:
-            xs, ys = (np.asarray(v) for v in zip(*points))
+            xs, ys = (np.asarray(v) for v in list(zip(*points))[1:])
 
             def loop_step(isolated):         # piecewise-affine through the points, the end segments extended
                 i = int(np.clip(np.searchsorted(xs, isolated) - 1, 0, len(xs) - 2))
                 return ys[i] + (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) * (isolated - xs[i])
         else:                        # no spread between the points to fit a slope through: one factor (k_max's)
-            wall, res = real[f"k={FLAGS.k_max}"]
-            tp, tv, ti = measured_costs[FLAGS.k_max]
-            factor = (wall - t_pre - ti) / res.stats["accept_trace"].shape[1] / (tp + tv)
+            factor = measured_step(f"k={FLAGS.k_max}", FLAGS.k_max) / sum(measured_costs[FLAGS.k_max][:2])
             loop_step = lambda isolated: factor * isolated
         print("calibration (isolated -> loop step, ms): " + ", ".join(
-            f"{name} {x * 1e3:.2f} -> {loop_step(x) * 1e3:.2f}"
-            for name, x in zip(["plain"] + [f"k={k}" for k in anchor_ks], [t1] + [sum(measured_costs[k][:2])
-                                                                                   for k in anchor_ks])))
+            f"{name} {x * 1e3:.2f} -> {loop_step(x) * 1e3:.2f}" for name, x, _ in points))
     records = []
     for label, k, policy in choices:
         sim = expected_replay(rows, k, rate, FLAGS.draws, threshold=policy.get("acceptance_rate_threshold"),
                               window=window)
         tp, tv, ti = measured_costs[k]
         plain_iters = sim["iterations"] - sim["speculative"]
-        seconds = t_pre + ti + sim["speculative"] * loop_step(tp + tv) + plain_iters * plain_step
-        rec = dict(choice=label, k=k, predicted_iterations=sim["iterations"],
-                   predicted_step_ms=loop_step(tp + tv) * 1e3,
+        step = loop_step(tp + tv)
+        seconds = t_pre + ti + sim["speculative"] * step + plain_iters * plain_step
+        rec = dict(choice=label, k=k, predicted_iterations=sim["iterations"], predicted_step_ms=step * 1e3,
                    predicted_speculative=sim["speculative"],
                    predicted_alpha=sim["accepted"] / sim["drafted"] if sim["drafted"] else float("nan"),
                    predicted_tokens_per_s=B * N / seconds, propose_ms=tp * 1e3, verify_ms=tv * 1e3)
@@ -217,8 +220,7 @@ def main(argv):
                        predicted_speedup=rec["predicted_tokens_per_s"] * plain_s / (B * N),
                        exact=res.tokens == plain.tokens)
             # The loop's step time (fixed k only: a policy's run mixes plain and speculative steps).
-            rec["measured_step_ms"] = float("nan") if policy else \
-                (seconds - t_pre - measured_costs[k][2]) / iterations * 1e3
+            rec["measured_step_ms"] = float("nan") if policy else measured_step(label, k) * 1e3
             rec["iterations_error"] = rec["predicted_iterations"] / iterations - 1
             rec["tokens_per_s_error"] = rec["predicted_tokens_per_s"] / rec["measured_tokens_per_s"] - 1
         print(f"measured plain decoding {B * N / plain_s:.0f} tok/s")
