@@ -27,7 +27,8 @@ from absl import app, flags
 
 import specjax
 from specjax import SpecConfig
-from specjax.api import _round_up, plan_prefill, prompt_bucket
+from specjax.api import plan_prefill, prompt_bucket
+from specjax.decode import round_up
 from experiments.prompts import humaneval_prompts
 from experiments.tables import text_table, write_table
 
@@ -43,7 +44,7 @@ def settings(ids: list[list[int]], max_new: int) -> dict:
     """name -> (generate() keyword arguments, config fields), the three settings of the module docstring."""
     longest = max(map(len, ids))
     pow2 = max(16, 1 << (longest - 1).bit_length())
-    before = dict(max_cache_len=_round_up(pow2 + max_new + 1, 64))
+    before = dict(max_cache_len=round_up(pow2 + max_new + 1, 64))
     return {"before": (dict(pad_to=pow2, prefill_groups=1), before),
             "one group": (dict(prefill_groups=1), {}),
             "grouped": ({}, {})}

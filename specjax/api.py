@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import SpecConfig
-from specjax.decode import decode
+from specjax.decode import decode, group_cache_sizes, round_up
 from specjax.drafters import registry
 from specjax.metrics import summarize
 from specjax.models.config import ModelConfig
@@ -108,23 +108,19 @@ class GenerateResult:
     stats: dict
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 def prompt_bucket(n: int) -> int:
     """A padded prompt width for an n-token prompt: at least 16, rounded up to a quarter of its octave (at most
     25% padding; a power-of-two bucket wasted up to half, 512 slots for a 319-token prompt), so recompiles stay
     logarithmic in the prompt length."""
     if n <= 16:
         return 16
-    return _round_up(n, 1 << ((n - 1).bit_length() - 3))
+    return round_up(n, 1 << ((n - 1).bit_length() - 3))
 
 
 def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens: int) -> int:
     """The token/KV buffer generate() allocates for prompts padded to prompt_width: every new token plus the k + 1
     slots of a verify pass, rounded up to 16."""
-    return _round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
+    return round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
 
 
 def plan_prefill(lengths: Sequence[int], width: int, max_groups: int) -> tuple[np.ndarray, tuple]:
@@ -212,8 +208,9 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     pad_to: pad every prompt to this width (one compiled program for every batch of prompts up to pad_to tokens,
     given the same prefill groups); default: prompt_bucket of the longest.
     prefill_groups: at most this many prefill forwards. The rows are taken in prompt-length order and cut where
-    that minimises padded prompt tokens (plan_prefill), each group prefilled at its own width; the loop keeps the
-    caller's row order. 1 = one forward over every prompt padded to the longest. Under a mesh: one forward."""
+    that minimises padded prompt tokens (plan_prefill), each group prefilled at its own width and, where that pays,
+    decoded over a KV cache only as wide as its rows need (stats["cache_slots"]); outputs keep the caller's row
+    order. 1 = one forward over every prompt padded to the longest. Under a mesh: one forward."""
     if config is None:
         config = SpecConfig()
     elif isinstance(config, dict):
@@ -266,11 +263,13 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         params, draft_params, rows = shard_for_generate(mesh, model, config.method, drafter_obj, draft_params, rows)
         order, groups = None, ((rows[0].shape[0], P),)        # one forward over the padded batch
 
+    cache_sizes = group_cache_sizes(groups, buffer_len, config.max_new_tokens + k + 1)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh
         tokens, num_new, stats = decode(params, draft_params, *rows, jnp.int32(eos), cfg=model.config,
                                         drafter=drafter_obj, spec=config, buffer_len=buffer_len,
-                                        prefill_groups=groups, prefill_order=None if len(groups) == 1 else order)
+                                        prefill_groups=groups, prefill_order=None if len(groups) == 1 else order,
+                                        cache_sizes=cache_sizes)
     n = len(ids)
     tokens, num_new = to_host(tokens)[:n], to_host(num_new)[:n]
     stats = jax.tree_util.tree_map(lambda x: to_host(x)[:n], stats)
@@ -280,4 +279,5 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
     texts = [model.decode(o) for o in out] if model.tokenizer is not None else None
     return GenerateResult(out, texts, {**summarize(stats, num_new, wall), "buffer_len": buffer_len,
                                        "num_speculative_tokens": k,
-                                       "prefill_groups": [list(g) for g in groups]})  # [[rows, width], ...]
+                                       "prefill_groups": [list(g) for g in groups],   # [[rows, width], ...]
+                                       "cache_slots": list(cache_sizes or [buffer_len])})    # per group, or one

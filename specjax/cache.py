@@ -95,3 +95,43 @@ class KVCache:
         k_at, v_at = (self._index(keys, rows, slice(None, part.size)) for keys in (True, False))
         return self.replace(k=tuple(f.at[k_at].set(p) for f, p in zip(self.k, part.k)),
                             v=tuple(f.at[v_at].set(p) for f, p in zip(self.v, part.v)))
+
+
+@flax.struct.dataclass
+class GroupedKVCache:
+    """A batch's KV cache in groups of rows, each group a KVCache only as many slots wide as its own rows need.
+
+    In one buffer every row's attention passes over as many slots as the longest prompt needs; on a ragged batch
+    (prompts of very different lengths) most of that pass is over slots a row never fills. The groups are the
+    prefill's prompt-length groups. Rows are named by index arrays, so the batch keeps the caller's row order: each
+    layer gathers its new entries and queries per group and gathers the attention outputs back into batch order.
+    Writes, compaction and lengths behave as KVCache's."""
+    parts: tuple             # G KVCaches; the lengths each carries are never read (`lengths` is)
+    rows: tuple              # G int32 arrays [B_g]: the batch rows part g holds, in its row order
+    inverse: jax.Array       # [B] int32: where batch row b sits in the concatenation of every part's rows
+    lengths: jax.Array       # [B] int32: valid entries per row
+
+    @classmethod
+    def of(cls, parts: tuple, rows: tuple, lengths: jax.Array) -> "GroupedKVCache":
+        """parts [G] KVCaches holding the batch rows rows[g] [B_g] (together every row once)."""
+        return cls(tuple(parts), tuple(rows), jnp.argsort(jnp.concatenate(rows)).astype(jnp.int32), lengths)
+
+    @property
+    def keys_transposed(self) -> bool:
+        return self.parts[0].keys_transposed
+
+    def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, starts: jax.Array) -> "GroupedKVCache":
+        """As KVCache.write, each row into its own group (a start is clamped to its group's size)."""
+        return self.replace(parts=tuple(part.write(layer, k_new[r], v_new[r], starts[r])
+                                        for part, r in zip(self.parts, self.rows)))
+
+    def compact(self, src_slots: jax.Array, dst_start: jax.Array) -> "GroupedKVCache":
+        """As KVCache.compact, each row within its own group."""
+        return self.replace(parts=tuple(part.compact(src_slots[r], dst_start[r])
+                                        for part, r in zip(self.parts, self.rows)))
+
+    def per_group(self, fn, *row_args) -> jax.Array:
+        """fn(part, *args of the part's rows) -> [B_g, ...] for every group, back in batch order [B, ...]. row_args:
+        arrays with a leading batch axis (sliced to each group's rows) or None (passed as is)."""
+        outs = [fn(part, *(None if a is None else a[r] for a in row_args)) for part, r in zip(self.parts, self.rows)]
+        return jnp.concatenate(outs)[self.inverse]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.cache import KVCache
+from specjax.cache import GroupedKVCache, KVCache
 from specjax.config import SpecConfig
 from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens, target_weight
 from specjax.models.config import ModelConfig
@@ -52,11 +52,15 @@ class LoopState(NamedTuple):
     length: jax.Array           # [B]
     num_new: jax.Array          # [B]
     done: jax.Array             # [B] bool
-    cache: KVCache
+    cache: KVCache | GroupedKVCache   # grouped: a ragged batch's prefill groups (prefill_forward)
     draft_state: Any
     step: jax.Array             # [] int32
     stats: DecodeStats
     policy: PolicyState | None  # None: no acceptance policy (one loop, no switch)
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
 
 
 def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
@@ -78,7 +82,7 @@ def _target_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.A
     return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
 
 
-def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft: Draft, cache: KVCache,
+def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft: Draft, cache: KVCache | GroupedKVCache,
                  key: jax.Array, layers: tuple) -> tuple[jax.Array, jax.Array, ForwardOut, Verified]:
     """One target forward over the T tree nodes (root = last committed token), accept a root-to-node path, and
     compact its KV entries (slots lengths + node index) to contiguous slots from lengths.
@@ -117,34 +121,61 @@ def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | Non
                     for name in getattr(drafter, "target_weights", ())}
 
 
+# What a group's own cache costs the decode loop per step (gathers and an attention call of its own in every
+# layer), counted as the (row, slot) pairs an attention pass over one buffer reads in the same time on a CPU. A
+# heuristic: a ragged batch whose groups spare fewer pairs than this per extra group keeps one buffer.
+GROUP_CACHE_COST_SLOTS = 512
+
+
+def group_cache_sizes(groups: tuple[tuple[int, int], ...], buffer_len: int, new_slots: int) -> tuple[int, ...] | None:
+    """The slots of each prefill group's own cache in the decode loop (its width + new_slots, the slots a row needs
+    past its prompt, rounded up to 16, at most buffer_len), or None when one buffer of buffer_len slots serves the
+    batch: a single group, or groups that together spare fewer (row, slot) pairs than GROUP_CACHE_COST_SLOTS per
+    extra group."""
+    sizes = tuple(min(buffer_len, round_up(width + new_slots, 16)) for _, width in groups)
+    spared = sum(rows * (buffer_len - size) for (rows, _), size in zip(groups, sizes))
+    return sizes if len(groups) > 1 and spared >= GROUP_CACHE_COST_SLOTS * (len(groups) - 1) else None
+
+
 def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_lengths: jax.Array,
                     groups: tuple[tuple[int, int], ...], buffer_len: int, hidden_layers: tuple[int, ...] = (),
-                    implementation: str = "xla", order: jax.Array | None = None) -> ForwardOut:
-    """The target's forward over right-padded prompts [B, P] into one cache of buffer_len slots, one forward per
-    group of rows -> ForwardOut: logits [B, 1, V] at each row's last prompt token, hidden states [B, P, ...]
-    (zero past its group's width), the cache (lengths not set). Rows keep their order in every output.
+                    implementation: str = "xla", order: jax.Array | None = None,
+                    cache_sizes: tuple[int, ...] | None = None) -> ForwardOut:
+    """The target's forward over right-padded prompts [B, P], one forward per group of rows -> ForwardOut: logits
+    [B, 1, V] at each row's last prompt token, hidden states [B, P, ...] (zero past its group's width), the cache
+    (lengths not set). Rows keep their order in every output.
 
     groups ((num_rows, width), ...) cut the rows taken in `order` [B] (default: as given) into consecutive runs,
     every prompt of a run at most `width` tokens. Rows sorted by length and grouped by width skip most of the
     padding, which on a ragged batch (prompts of very different lengths padded to the longest) is several times
-    the real work. Each group also attends over a cache of its own width, not the whole buffer, and is then
-    written into the buffer in place."""
+    the real work. Each group also attends over a cache of its own width.
+    cache_sizes: None: every group is written into one cache of buffer_len slots. Else the slots of each group's
+    own cache for the decode loop (group_cache_sizes), a GroupedKVCache: no row's attention then passes over the
+    slots only a longer prompt needs."""
     B, P = prompts.shape
     if sum(rows for rows, _ in groups) != B or any(not 0 < width <= P for _, width in groups):
         raise ValueError(f"prefill groups {groups} do not cover a batch of {B} prompts of width {P}")
+    if cache_sizes is not None and (len(cache_sizes) != len(groups) or any(
+            not width <= size <= buffer_len for (_, width), size in zip(groups, cache_sizes))):
+        raise ValueError(f"cache sizes {cache_sizes} do not fit prefill groups {groups} in a buffer of {buffer_len}")
     Hkv, dtype = kv_heads(params, cfg), params["embed"].dtype
-    cache = KVCache.init(cfg.num_layers, B, buffer_len, Hkv, cfg.head_dim, dtype)
+    new_cache = lambda rows, size: KVCache.init(cfg.num_layers, rows, size, Hkv, cfg.head_dim, dtype)
+    cache = None if cache_sizes else new_cache(B, buffer_len)
     if order is None:
         order = jnp.arange(B)
-    outs, start = [], 0
-    for rows, width in groups:
-        at = order[start:start + rows] if len(groups) > 1 else slice(None)                 # [rows] batch rows
-        part = KVCache.init(cfg.num_layers, rows, width, Hkv, cfg.head_dim, dtype)
-        out = forward(params, cfg, prompts[at, :width], part, hidden_layers=hidden_layers,
+    outs, parts, start = [], [], 0
+    for g, (rows, width) in enumerate(groups):
+        at = order[start:start + rows] if len(groups) > 1 or cache_sizes else slice(None)     # [rows] batch rows
+        out = forward(params, cfg, prompts[at, :width], new_cache(rows, width), hidden_layers=hidden_layers,
                       implementation=implementation, logits_at=prompt_lengths[at] - 1)
-        cache = cache.place(at, out.cache)
+        if cache_sizes:
+            parts.append(new_cache(rows, cache_sizes[g]).place(slice(None), out.cache))
+        else:
+            cache = cache.place(at, out.cache)
         outs.append((at, out))
         start += rows
+    if cache_sizes:
+        cache = GroupedKVCache.of(parts, [at for at, _ in outs], jnp.zeros((B,), jnp.int32))
     if len(groups) == 1:
         return outs[0][1]._replace(cache=cache)
 
@@ -158,15 +189,17 @@ def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_l
                       tuple(gather(lambda o, i=i: o.layer_hidden[i], P) for i in range(len(hidden_layers))), cache)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups"))
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups", "cache_sizes"))
 def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
            request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
            buffer_len: int, prefill_groups: tuple[tuple[int, int], ...] | None = None,
-           prefill_order: jax.Array | None = None) -> tuple[jax.Array, jax.Array, DecodeStats]:
+           prefill_order: jax.Array | None = None,
+           cache_sizes: tuple[int, ...] | None = None) -> tuple[jax.Array, jax.Array, DecodeStats]:
     """prompts [B, P] right-padded int32, prompt_lengths [B], request_keys [B, 2] (one per request), eos_id []
     (-1 = none). Returns (tokens [B, buffer_len], num_new [B], stats); row b's output is
     tokens[b, prompt_lengths[b] : prompt_lengths[b] + num_new[b]]. prefill_groups (static) and prefill_order [B]:
-    as prefill_forward's groups and order (None: one prefill of every row at width P)."""
+    as prefill_forward's groups and order (None: one prefill of every row at width P). cache_sizes (static): as
+    prefill_forward's (group_cache_sizes picks them; None: one cache of buffer_len slots)."""
     B, P = prompts.shape
     k = drafter.num_tokens
     sp = spec.sampling
@@ -174,8 +207,9 @@ def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_le
     step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)
 
     layers, exposed = target_exposure(drafter, target_params, cfg.vocab_size)
-    prefill = prefill_forward(target_params, cfg, prompts, prompt_lengths, prefill_groups or ((B, P),), buffer_len,
-                              layers, spec.implementation, prefill_order)
+    groups = prefill_groups or ((B, P),)
+    prefill = prefill_forward(target_params, cfg, prompts, prompt_lengths, groups, buffer_len, layers,
+                              spec.implementation, prefill_order, cache_sizes)
     last_logits = prefill.logits[:, 0]                                                  # [B, V]
     first = _target_token(last_logits, step_keys(0), spec)                             # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)

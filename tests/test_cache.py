@@ -1,5 +1,7 @@
 """KVCache in both key layouts: writes at per-row offsets, a tree step's compaction and a prefill's placement leave
-the same keys and values in the same slots, so attention over either layout reads one cache."""
+the same keys and values in the same slots, so attention over either layout reads one cache. A GroupedKVCache
+(rows in groups, each group's buffer narrower) holds and attends to what one buffer does."""
+import itertools
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -9,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cache import KVCache, keys_transposed_by_default
+from specjax.cache import GroupedKVCache, KVCache, keys_transposed_by_default
+from specjax.models.llama import attention
 
 B, L, S, Hkv, D = 3, 2, 12, 2, 4
 
@@ -60,3 +63,48 @@ def test_place_refuses_another_layout():
 def test_default_layout_follows_the_backend():
     assert keys_transposed_by_default() == (jax.default_backend() == "cpu")
     assert KVCache.init(1, 1, 8, Hkv, D).keys_transposed == keys_transposed_by_default()
+
+
+def grouped_and_one(row_groups, sizes):
+    """The same writes at ragged starts and one compaction into a GroupedKVCache (groups of the batch rows
+    row_groups, buffers `sizes` wide) and into one buffer of S slots -> (grouped, one)."""
+    rows = [jnp.asarray(r, jnp.int32) for r in row_groups]
+    parts = [KVCache.init(L, len(r), size, Hkv, D) for r, size in zip(row_groups, sizes)]
+    lengths = jnp.asarray([2, 4, 1])
+    grouped = GroupedKVCache.of(parts, rows, lengths)
+    one = KVCache.init(L, B, S, Hkv, D).replace(lengths=lengths)
+    for layer in range(L):
+        grouped = grouped.write(layer, *entries(layer, 3), lengths)
+        one = one.write(layer, *entries(layer, 3), lengths)
+    src, dst = jnp.asarray([[4, 2], [6, 5], [3, 1]]), jnp.asarray([2, 4, 1])
+    return grouped.compact(src, dst), one.compact(src, dst)
+
+
+@pytest.mark.parametrize("row_groups, sizes", [([[2, 0], [1]], [8, S]), ([[1], [2], [0]], [8, 8, 12])])
+def test_grouped_cache_holds_and_attends_as_one_buffer(row_groups, sizes):
+    grouped, one = grouped_and_one(row_groups, sizes)
+    for part, rows in zip(grouped.parts, grouped.rows):
+        for layer in range(L):
+            n = part.size
+            np.testing.assert_array_equal(part.keys(layer), one.keys(layer)[rows, :, :n])
+            np.testing.assert_array_equal(part.v[layer], one.v[layer][rows, :, :n])
+    T, Hq = 3, 4
+    q = jax.random.normal(jax.random.PRNGKey(5), (B, T, Hq, D))
+    positions = grouped.lengths[:, None] + jnp.arange(T)
+    tree = jnp.tril(jnp.ones((T, T), bool)).at[2, 1].set(False)                  # node 2 a child of the root
+    per_row = jnp.stack([tree, jnp.tril(jnp.ones((T, T), bool)), tree])
+    for mask, implementation in itertools.product((None, tree, per_row), ("xla", "pallas_tpu", "pallas_gpu")):
+        run = lambda cache: attention(q, cache, 1, grouped.lengths + T, mask, implementation=implementation,
+                                      q_positions=positions, sliding_window=None)
+        np.testing.assert_allclose(run(grouped), run(one), atol=1e-5)
+
+
+def test_grouped_cache_keeps_rows_apart():
+    """Planted check: the same entries with two rows' group membership swapped read differently."""
+    grouped, one = grouped_and_one([[2, 0], [1]], [8, S])
+    swapped = grouped.replace(rows=(jnp.asarray([0, 2]), grouped.rows[1]))
+    q = jax.random.normal(jax.random.PRNGKey(5), (B, 1, 4, D))
+    run = lambda cache: attention(q, cache, 0, grouped.lengths + 1, None, implementation="xla",
+                                  q_positions=grouped.lengths[:, None], sliding_window=None)
+    np.testing.assert_allclose(run(grouped), run(one), atol=1e-6)
+    assert not np.allclose(run(swapped), run(one), atol=1e-3)

@@ -10,7 +10,7 @@ import pytest
 import specjax
 from specjax import SpecConfig
 from specjax.api import plan_prefill, prompt_bucket, right_pad
-from specjax.decode import prefill_forward
+from specjax.decode import GROUP_CACHE_COST_SLOTS, group_cache_sizes, prefill_forward, round_up
 from conftest import ragged_prompts, tiny_model
 
 
@@ -59,34 +59,57 @@ def test_grouped_prefill_equals_one_padded_prefill(target):
     assert len(groups) > 1, groups
     cfg, params = target.config, target.params
     arr, plen = jnp.asarray(right_pad(prompts, P)), jnp.asarray(lengths, jnp.int32)
-    run = jax.jit(prefill_forward, static_argnums=(1, 4, 5, 6))
+    run = jax.jit(prefill_forward, static_argnums=(1, 4, 5, 6), static_argnames="cache_sizes")
     one = run(params, cfg, arr, plen, ((len(prompts), P),), 96, (0,))
     grouped = run(params, cfg, arr, plen, groups, 96, (0,), order=jnp.asarray(order))
-    np.testing.assert_allclose(grouped.logits, one.logits, atol=1e-5)
+    sizes = tuple(width + 8 for _, width in groups[:-1]) + (96,)
+    own_caches = run(params, cfg, arr, plen, groups, 96, (0,), order=jnp.asarray(order), cache_sizes=sizes)
+    assert [part.size for part in own_caches.cache.parts] == list(sizes)
     keys = lambda cache: [cache.keys(i) for i in range(len(cache.k))]
     host = lambda out: [np.asarray(x) for x in (out.hidden, out.layer_hidden[0], *keys(out.cache), *out.cache.v)]
     for got, want in zip(host(grouped), host(one)):      # [B, P, H] states, then [B, Hkv, S, D] caches
         for b, n in enumerate(lengths):
             np.testing.assert_allclose(got[b, :n] if got.ndim == 3 else got[b, :, :n],
                                        want[b, :n] if want.ndim == 3 else want[b, :, :n], atol=1e-5)
+    np.testing.assert_allclose(own_caches.logits, one.logits, atol=1e-5)
+    one_cache = host(one)[2:]
+    for part, rows in zip(own_caches.cache.parts, own_caches.cache.rows):
+        for got, want in zip(keys(part) + list(part.v), one_cache):
+            for j, b in enumerate(np.asarray(rows)):
+                np.testing.assert_allclose(got[j, :, :lengths[b]], want[b, :, :lengths[b]], atol=1e-5)
 
 
 @pytest.mark.parametrize("method, k, extra", [
     ("none", 0, {}), ("predicted", 3, {}),
     pytest.param("draft_model", 3, {}, marks=pytest.mark.slow), pytest.param("ngram", 3, {}, marks=pytest.mark.slow),
     pytest.param("draft_model", 4, {"tree_choices": ((0,), (1,), (0, 0), (0, 0, 0))}, marks=pytest.mark.slow)])
-def test_prefill_groups_do_not_change_the_output(target, draft, method, k, extra):
-    """Grouped prefills against one, sampled at temperature 1, with trees, hidden states read by a drafter's init
-    and a per-request drafter argument (predictions)."""
+def test_prefill_groups_do_not_change_the_output(target, draft, method, k, extra, monkeypatch):
+    """Grouped prefills and each group's own KV cache in the loop against one, sampled at temperature 1, with
+    trees (their compaction), hidden states read by a drafter's init and a per-request drafter argument."""
+    monkeypatch.setattr("specjax.decode.GROUP_CACHE_COST_SLOTS", 0)          # a tiny batch gets its own caches too
     prompts = ragged_prompts(6, seed=12) + [list(range(1, 45))]
     cfg = SpecConfig(method=method, num_speculative_tokens=k, max_new_tokens=16, temperature=1.0, **extra)
     drafter = {"draft_model": draft, "predicted": [p[::-1] for p in prompts]}.get(method)
     run = lambda g: specjax.generate(target, prompts, cfg, drafter=drafter, prefill_groups=g)
     grouped, one = run(4), run(1)
     assert len(grouped.stats["prefill_groups"]) > 1 and len(one.stats["prefill_groups"]) == 1
+    slots = grouped.stats["cache_slots"]
+    assert len(slots) > 1 and max(slots) == grouped.stats["buffer_len"] > min(slots), slots
     assert grouped.tokens == one.tokens
     for key in ("accepted", "drafted", "target_passes"):
         assert grouped.stats[key] == one.stats[key], key
+
+
+def test_group_caches_only_where_they_spare_enough():
+    cost = GROUP_CACHE_COST_SLOTS
+    assert group_cache_sizes(((30, 64), (2, 256)), 400, 133) == (208, 400)  # 64 + 133 rounded up to 16
+    assert group_cache_sizes(((32, 256),), 400, 133) is None                 # one group: one buffer
+    w = 880 - round_up(cost, 16)                       # one row of width w spares 880 - w slots of a 1024 buffer
+    assert group_cache_sizes(((1, w), (3, 880)), 1024, 144) == (w + 144, 1024)
+    assert group_cache_sizes(((1, w + 16), (3, 880)), 1024, 144) is None   # spares under the cost
+    with pytest.raises(ValueError, match="do not fit prefill groups"):
+        prefill_forward({}, None, jnp.zeros((32, 256), jnp.int32), None, ((30, 64), (2, 256)), 400,
+                        cache_sizes=(32, 400))
 
 
 def test_bad_prefill_groups(target):

@@ -18,7 +18,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import KVCache
+from specjax.cache import GroupedKVCache, KVCache
 from specjax.models.config import ModelConfig
 
 
@@ -27,7 +27,7 @@ class ForwardOut(NamedTuple):
     hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
     layer_hidden: tuple                # outputs of the requested decoder layers, in the requested order, each
                                        # [B, T, H] (the residual stream after that layer, before any norm)
-    cache: KVCache                     # new entries written; lengths NOT advanced (the caller commits)
+    cache: KVCache | GroupedKVCache    # new entries written; lengths NOT advanced (the caller commits)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -68,9 +68,16 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x.astype(jnp.float32) * cos + rot.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-def attention(q, cache: KVCache, layer: int, lengths, mask, *, implementation: str, q_positions, sliding_window):
+def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, implementation: str, q_positions,
+              sliding_window):
     """q [B, T, Hq, D] over cache layer `layer` with the verify-attention implementation. Lengths include the T
-    new entries."""
+    new entries. A grouped cache: each group's queries over its own (narrower) buffer."""
+    if isinstance(cache, GroupedKVCache):
+        shared_mask = mask is None or mask.ndim == 2             # causal, or one [T, T] tree mask for every row
+        def one_group(part, q, lengths, q_positions, row_mask):
+            return attention(q, part, layer, lengths, mask if shared_mask else row_mask,
+                             implementation=implementation, q_positions=q_positions, sliding_window=sliding_window)
+        return cache.per_group(one_group, q, lengths, q_positions, None if shared_mask else mask)
     if implementation == "xla" or sliding_window is not None:
         from pallas_kernels.verify_attention.reference import verify_attention_reference
         return verify_attention_reference(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
@@ -81,7 +88,7 @@ def attention(q, cache: KVCache, layer: int, lengths, mask, *, implementation: s
     return verify_attention(q, cache.keys(layer), cache.v[layer], lengths, mask, implementation=implementation)
 
 
-def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache, *,
+def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache | GroupedKVCache, *,
             depths: jax.Array | None = None, mask: jax.Array | None = None,
             hidden_layers: Sequence[int] = (), implementation: str = "xla",
             input_embeds: jax.Array | None = None, logits_at: jax.Array | None = None) -> ForwardOut:
