@@ -20,12 +20,16 @@ from specjax.drafters.base import Context
 from specjax.models.llama import forward
 
 
-def fastest_seconds(fn, reps: int) -> float:
-    fn()
+def fastest_seconds(fn, reps: int, fresh_input=None) -> float:
+    """fn() timed `reps` times after a first call. fresh_input: made before each call, off the clock, and passed
+    to fn (an input fn donates: each call needs its own)."""
+    call = fn if fresh_input is None else lambda: fn(fresh_input())
+    call()
     times = []
     for _ in range(reps):
+        args = () if fresh_input is None else (fresh_input(),)
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - t0)
     # The fastest run: on a shared machine the slower ones measure the neighbours, not the code.
     return float(np.min(times))
@@ -52,12 +56,14 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
             toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
             out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache)
             return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
-        return lax.fori_loop(0, inner, step, (jnp.float32(0), cache))[0]
+        return lax.fori_loop(0, inner, step, (jnp.float32(0), cache))
 
     # The cache is carried, as in the decode loop, so its writes update it in place; a loop-invariant cache would
-    # be copied whole by every write and the copy counted as forward time.
-    looped = jax.jit(run)
-    return fastest_seconds(lambda: looped(model.params, cache).block_until_ready(), reps) / inner
+    # be copied whole by every write and the copy counted as forward time. It is donated as the loop's state is:
+    # otherwise every call copies it into the loop's carry first (returned, so that the carry can live in it).
+    looped = jax.jit(run, donate_argnums=1)
+    fresh_cache = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
+    return fastest_seconds(lambda c: jax.block_until_ready(looped(model.params, c)), reps, fresh_cache) / inner
 
 
 def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,

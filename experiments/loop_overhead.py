@@ -6,11 +6,13 @@ For each side (the working tree, and --base in a temporary git worktree when giv
 side's library measures plain greedy decoding of the shipped target on HumanEval prompts:
   step     one iteration of the compiled loop: (time of N new tokens - time of N/2) / (N/2), same buffer, so
            prefill and compilation cancel out;
-  forward  one cached target forward over T = 1 position at the loop's mean context and buffer, the cache carried
-           through a lax.fori_loop as the loop carries it and donated as the loop's state is (so its writes are
-           in place and no call copies it);
+  forward  one cached target forward over T = 1 position, each row at its mid-run length, over the loop's cache
+           (one buffer, or each prompt-length group's own where the revision gives it one), carried through a
+           lax.fori_loop as the loop carries it and donated as the loop's state is (so its writes are in place
+           and no call copies it);
   attn     the forward's attention alone (every layer), and `write` its cache writes alone, at the same shapes;
   loop     step - forward: what the loop spends outside the forward (token writes, stopping, stats, sampling);
+  slots    the cache slots per row the attention passes over (the buffer, or less in groups of their own);
   tok/s    generated tokens / wall time of the whole generation (prefill included), as an engine is measured.
 Both sides compile first, then take turns, one round of every measurement each, so drift in the machine's speed
 hits both alike; each number is the fastest of its --reps rounds (the slower ones measure the neighbours on a
@@ -39,7 +41,8 @@ flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF direct
 flags.DEFINE_string("out", "runs/loop_overhead.json", "where the table is written")
 
 # Runs against whichever library is first on PYTHONPATH: only APIs that every revision since the KV-cache layout
-# change and before it share (decode, KVCache, forward, the reference attention).
+# change and before it share (decode, KVCache, forward, the reference attention), and the prefill groups and
+# grouped cache where a revision has them.
 WORKER = r'''
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -52,6 +55,15 @@ from specjax.decode import decode
 from specjax.models.llama import forward, kv_heads
 from pallas_kernels.verify_attention.reference import verify_attention_reference
 from experiments.prompts import humaneval_prompts
+try:                            # revisions that prefill in length groups (the loop runs them as generate() does)
+    from specjax.api import plan_prefill
+except ImportError:
+    plan_prefill = None
+try:                            # ... and give each group a KV cache of its own where that pays
+    from specjax.cache import GroupedKVCache
+    from specjax.decode import group_cache_sizes
+except ImportError:
+    group_cache_sizes = None
 
 batches, new, target_name = [int(b) for b in sys.argv[1].split(",")], int(sys.argv[2]), sys.argv[3]
 model = specjax.load_model(target_name)
@@ -84,14 +96,32 @@ for B in batches:
     prompts = jnp.asarray(right_pad(ids, P))
     plens = jnp.asarray([len(r) for r in ids], jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), B)
-    def gen(n, B=B, ids=ids, buf=buf, prompts=prompts, plens=plens, keys=keys):
+    grouping, sizes, parts = {}, None, [(slice(None), buf)]
+    if plan_prefill is not None:
+        order, groups = plan_prefill([len(r) for r in ids], P, 4)
+        grouping = dict(prefill_groups=groups, prefill_order=jnp.asarray(order))
+        # Sized for the full run and kept for the half one, so that the two differ in their steps only.
+        sizes = group_cache_sizes(groups, buf, new + 1) if group_cache_sizes is not None else None
+        if sizes:
+            grouping["cache_sizes"] = sizes
+            cuts = np.cumsum([0] + [rows for rows, _ in groups])
+            parts = [(jnp.asarray(order[a:b]), size) for a, b, size in zip(cuts[:-1], cuts[1:], sizes)]
+    def gen(n, B=B, ids=ids, buf=buf, prompts=prompts, plens=plens, keys=keys, grouping=grouping):
         spec = SpecConfig(max_new_tokens=n, stop_at_eos=False)
         drafter, dparams = make_drafter(model, spec, None, ids, buf)
         run = lambda: jax.block_until_ready(decode(model.params, dparams, prompts, plens, keys, jnp.int32(-1),
-                                                   cfg=cfg, drafter=drafter, spec=spec, buffer_len=buf))
+                                                   cfg=cfg, drafter=drafter, spec=spec, buffer_len=buf, **grouping))
         return lambda: timed(run)
-    ctx = int(np.mean([len(r) for r in ids])) + new // 2
-    cache = KVCache.init(cfg.num_layers, B, buf, Hkv, cfg.head_dim).replace(lengths=jnp.full((B,), ctx, jnp.int32))
+    # The forward, attention and writes alone over the loop's cache (its groups' caches where it has them), each
+    # row at its own mid-run length.
+    lengths = plens + new // 2
+    new_cache = lambda rows, size: KVCache.init(cfg.num_layers, rows, size, Hkv, cfg.head_dim)
+    if sizes:
+        cache = GroupedKVCache.of([new_cache(len(r), size) for r, size in parts], [r for r, _ in parts], lengths)
+        part_caches = lambda cache: cache.parts
+    else:
+        cache = new_cache(B, buf).replace(lengths=lengths)
+        part_caches = lambda cache: (cache,)
 
     def fwd_body(i, c, B=B):
         acc, cache = c
@@ -101,12 +131,13 @@ for B in batches:
 
     q0 = jnp.ones((B, 1, cfg.num_heads, cfg.head_dim), jnp.float32)
     layout = {"keys_transposed": True} if getattr(cache, "keys_transposed", False) else {}   # revisions without it
-    def attn_body(i, c, q0=q0):
+    def attn_body(i, c, q0=q0, parts=parts, part_caches=part_caches):
         acc, cache = c
         for layer in range(cfg.num_layers):
-            o = verify_attention_reference(q0 * (i + layer), cache.k[layer], cache.v[layer], cache.lengths + 1,
-                                           **layout)
-            acc = acc + o[0, 0, 0, 0]
+            for (rows, _), part in zip(parts, part_caches(cache)):
+                o = verify_attention_reference(q0[rows] * (i + layer), part.k[layer], part.v[layer],
+                                               cache.lengths[rows] + 1, **layout)
+                acc = acc + o[0, 0, 0, 0]
         return acc, cache
 
     kv0 = jnp.ones((B, 1, Hkv, cfg.head_dim), jnp.float32)
@@ -114,7 +145,7 @@ for B in batches:
         acc, cache = c
         for layer in range(cfg.num_layers):
             cache = cache.write(layer, kv0 * i, kv0 * i, cache.lengths)
-        return acc + cache.k[0][0].ravel()[0], cache
+        return acc + jax.tree.leaves(cache)[0].ravel()[0], cache
 
     calls = {"full": (gen(new), 1), "half": (gen(new // 2), 1),
              "forward": (looped(fwd_body, (jnp.float32(0), cache), INNER), INNER),
@@ -122,7 +153,9 @@ for B in batches:
              "cache_write": (looped(write_body, (jnp.float32(0), cache), INNER), INNER)}
     for fn, _ in calls.values():
         fn()                                                              # compile
-    cases.append(({"batch": B, "prompt_pad": P, "buffer": buf}, calls))
+    cases.append(({"batch": B, "prompt_pad": P, "buffer": buf, "cache_slots": [size for _, size in parts],
+                   "slots_per_row": sum((B if isinstance(r, slice) else len(r)) * size for r, size in parts) / B},
+                  calls))
 print("READY", flush=True)
 
 best = [dict.fromkeys(calls, float("inf")) for _, calls in cases]
@@ -185,11 +218,11 @@ def main(argv):
         sides = measure({"working tree": REPO})
     print(f"\nplain greedy decoding, {FLAGS.target}, float32, CPU, HumanEval prompts, {FLAGS.max_new_tokens} new "
           f"tokens; ms per loop step, the fastest of {FLAGS.reps} alternating rounds")
-    print(f"{'side':>22} {'batch':>5} {'buffer':>6} {'step':>7} {'forward':>7} {'(attn':>7} {'write)':>7} "
+    print(f"{'side':>22} {'batch':>5} {'slots':>6} {'step':>7} {'forward':>7} {'(attn':>7} {'write)':>7} "
           f"{'loop':>7} {'loop %':>6} {'tok/s':>7}")
     for name, rows in sides.items():
         for r in rows:
-            print(f"{name:>22} {r['batch']:>5} {r['buffer']:>6} {r['step_ms']:7.2f} {r['forward_ms']:7.2f} "
+            print(f"{name:>22} {r['batch']:>5} {r.get('slots_per_row', r['buffer']):6.0f} {r['step_ms']:7.2f} {r['forward_ms']:7.2f} "
                   f"{r['attention_ms']:7.2f} {r['cache_write_ms']:7.2f} {r['loop_ms']:7.2f} "
                   f"{100 * r['loop_share']:5.0f}% {r['tokens_per_s']:7.0f}")
     os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
