@@ -124,7 +124,7 @@ def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | Non
 # What a group's own cache costs the decode loop per step (gathers and an attention call of its own in every
 # layer), counted as the (row, slot) pairs an attention pass over one buffer reads in the same time on a CPU. A
 # heuristic: a ragged batch whose groups spare fewer pairs than this per extra group keeps one buffer.
-GROUP_CACHE_COST_SLOTS = 512
+GROUP_CACHE_COST_SLOTS = 320
 
 
 def group_cache_sizes(groups: tuple[tuple[int, int], ...], buffer_len: int, new_slots: int) -> tuple[int, ...] | None:
