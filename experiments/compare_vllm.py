@@ -38,8 +38,9 @@ flags.DEFINE_integer("reps", 3, "alternating rounds: per round and batch size on
 flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF directory (Llama layout)")
 flags.DEFINE_integer("threads", 2, "CPU threads for vLLM (match the cores XLA uses)")
 flags.DEFINE_string("out", "runs/compare_vllm.json", "where the table is written")
-flags.DEFINE_float("settle_s", 1.0, "pause before each timed call, so that the other engine's threads (torch's "
-                   "OpenMP spin-wait, vLLM's engine loop) are idle when a call starts")
+flags.DEFINE_float("settle_s", 4.0, "pause before each timed call, so that the other engine's threads (torch's "
+                   "OpenMP spin-wait, vLLM's engine loop) are idle when a call starts (1 s left the call after "
+                   "vLLM's batch-64 call slowed)")
 
 VLLM_WORKER = r"""
 import json, sys, time
