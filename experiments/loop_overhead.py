@@ -101,7 +101,7 @@ for B in batches:
         order, groups = plan_prefill([len(r) for r in ids], P, 4)
         grouping = dict(prefill_groups=groups, prefill_order=jnp.asarray(order))
         # Sized for the full run and kept for the half one, so that the two differ in their steps only.
-        sizes = group_cache_sizes(groups, buf, new + 1) if group_cache_sizes is not None else None
+        sizes = group_cache_sizes(groups, buf, new, 0) if group_cache_sizes is not None else None
         if sizes:
             grouping["cache_sizes"] = sizes
             cuts = np.cumsum([0] + [rows for rows, _ in groups])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import SpecConfig
-from specjax.decode import decode, group_cache_sizes, round_up
+from specjax.decode import buffer_length, decode, group_cache_sizes, round_up
 from specjax.drafters import registry
 from specjax.metrics import summarize
 from specjax.models.config import ModelConfig
@@ -115,12 +115,6 @@ def prompt_bucket(n: int) -> int:
     if n <= 16:
         return 16
     return round_up(n, 1 << ((n - 1).bit_length() - 3))
-
-
-def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens: int) -> int:
-    """The token/KV buffer generate() allocates for prompts padded to prompt_width: every new token plus the k + 1
-    slots of a verify pass, rounded up to 16."""
-    return round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
 
 
 def plan_prefill(lengths: Sequence[int], width: int, max_groups: int) -> tuple[np.ndarray, tuple]:
@@ -263,7 +257,7 @@ def generate(model: Model, prompts: Sequence, config: SpecConfig | None = None, 
         params, draft_params, rows = shard_for_generate(mesh, model, config.method, drafter_obj, draft_params, rows)
         order, groups = None, ((rows[0].shape[0], P),)        # one forward over the padded batch
 
-    cache_sizes = group_cache_sizes(groups, buffer_len, config.max_new_tokens + k + 1)
+    cache_sizes = group_cache_sizes(groups, buffer_len, config.max_new_tokens, k)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():   # traced under the mesh
         tokens, num_new, stats = decode(params, draft_params, *rows, jnp.int32(eos), cfg=model.config,

@@ -63,6 +63,12 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens: int) -> int:
+    """The token/KV buffer generate() allocates for prompts padded to prompt_width: every new token plus the k + 1
+    slots of a verify pass, rounded up to 16."""
+    return round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
+
+
 def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
     """buf [B, L], new [B, n] written at starts[b]."""
     return jax.vmap(lambda b, x, s: lax.dynamic_update_slice(b, x, (s,)))(buf, new, starts)
@@ -127,12 +133,12 @@ def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | Non
 GROUP_CACHE_COST_SLOTS = 320
 
 
-def group_cache_sizes(groups: tuple[tuple[int, int], ...], buffer_len: int, new_slots: int) -> tuple[int, ...] | None:
-    """The slots of each prefill group's own cache in the decode loop (its width + new_slots, the slots a row needs
-    past its prompt, rounded up to 16, at most buffer_len), or None when one buffer of buffer_len slots serves the
-    batch: a single group, or groups that together spare fewer (row, slot) pairs than GROUP_CACHE_COST_SLOTS per
-    extra group."""
-    sizes = tuple(min(buffer_len, round_up(width + new_slots, 16)) for _, width in groups)
+def group_cache_sizes(groups: tuple[tuple[int, int], ...], buffer_len: int, max_new_tokens: int,
+                      num_speculative_tokens: int) -> tuple[int, ...] | None:
+    """The slots of each prefill group's own cache in the decode loop (the buffer_length of its width, at most
+    buffer_len), or None when one buffer of buffer_len slots serves the batch: a single group, or groups that
+    together spare fewer (row, slot) pairs than GROUP_CACHE_COST_SLOTS per extra group."""
+    sizes = tuple(min(buffer_len, buffer_length(width, max_new_tokens, num_speculative_tokens)) for _, width in groups)
     spared = sum(rows * (buffer_len - size) for (rows, _), size in zip(groups, sizes))
     return sizes if len(groups) > 1 and spared >= GROUP_CACHE_COST_SLOTS * (len(groups) - 1) else None
 

@@ -102,11 +102,11 @@ def test_prefill_groups_do_not_change_the_output(target, draft, method, k, extra
 
 def test_group_caches_only_where_they_spare_enough():
     cost = GROUP_CACHE_COST_SLOTS
-    assert group_cache_sizes(((30, 64), (2, 256)), 400, 133) == (208, 400)  # 64 + 133 rounded up to 16
-    assert group_cache_sizes(((32, 256),), 400, 133) is None                 # one group: one buffer
+    assert group_cache_sizes(((30, 64), (2, 256)), 400, 128, 4) == (208, 400)  # 64 + 128 + 5 rounded up to 16
+    assert group_cache_sizes(((32, 256),), 400, 128, 4) is None                 # one group: one buffer
     w = 880 - round_up(cost, 16)                       # one row of width w spares 880 - w slots of a 1024 buffer
-    assert group_cache_sizes(((1, w), (3, 880)), 1024, 144) == (w + 144, 1024)
-    assert group_cache_sizes(((1, w + 16), (3, 880)), 1024, 144) is None   # spares under the cost
+    assert group_cache_sizes(((1, w), (3, 880)), 1024, 143, 0) == (w + 144, 1024)
+    assert group_cache_sizes(((1, w + 16), (3, 880)), 1024, 143, 0) is None   # spares under the cost
     with pytest.raises(ValueError, match="do not fit prefill groups"):
         prefill_forward({}, None, jnp.zeros((32, 256), jnp.int32), None, ((30, 64), (2, 256)), 400,
                         cache_sizes=(32, 400))
