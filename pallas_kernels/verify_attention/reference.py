@@ -40,9 +40,9 @@ def visibility(lengths: jax.Array, num_new: int, num_cols: int, mask: jax.Array 
 
 
 # Where the fused formulation pays on a CPU (measured on 2 cores, float32, 4 query rows per kv head or fewer): over
-# keys laid out [S, D], from about 4 MB of K and V per layer up it runs 1.6-3x faster than the dots, which are
-# faster below (batch 1). Over keys stored slots-last (a CPU cache's layout) the two run at about the same speed
-# above that size, so the rule serves both layouts.
+# keys laid out [S, D], from about 4 MB of K and V per layer up it runs faster than the dots, which are faster
+# below (batch 1). Over keys stored slots-last (a CPU cache's layout) the two run at about the same speed above
+# that size, so the rule serves both layouts.
 FUSED_MAX_ROWS = 16
 FUSED_MIN_KV_BYTES = 4 << 20
 FORMULATIONS = ("auto", "dot", "fused")
