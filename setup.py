@@ -1,10 +1,24 @@
-from setuptools import setup
+import os
+
+from setuptools import find_packages, setup
+
+
+def checkpoint_files():
+    """The shipped checkpoints, installed under <prefix>/share/specjax/checkpoints (specjax.checkpoints looks
+    there when the package is not run from a checkout)."""
+    out = []
+    for root, _, files in os.walk("checkpoints"):
+        if files:
+            out.append((os.path.join("share", "specjax", root), [os.path.join(root, f) for f in sorted(files)]))
+    return out
+
 
 setup(
     name="specjax",
     version="0.1.0",
     description="Speculative decoding in JAX/Pallas: exact, jit-compiled, every drafter in one loop.",
-    packages=["specjax", "specjax.models", "specjax.drafters", "pallas_kernels", "pallas_kernels.verify_attention", "pallas_kernels.bench"],
+    packages=find_packages(include=["specjax", "specjax.*", "pallas_kernels", "pallas_kernels.*"]),
+    data_files=checkpoint_files(),
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10,<0.13",

@@ -37,7 +37,7 @@ from absl import app, flags
 
 import specjax
 from specjax import analysis
-from specjax.api import make_drafter
+from specjax.drafters.registry import BuildRequest, build as build_drafter
 from specjax.drafters import registry
 from experiments import costs, speedup
 from experiments.prompts import load_prompt_set
@@ -96,7 +96,7 @@ def main(argv):
             prompts = load_prompt_set(pset, B, target.tokenizer)
             if len(prompts) < B:
                 raise ValueError(f"prompt set {pset!r} has {len(prompts)} prompts, fewer than batch size {B}")
-            ids = [target.encode(p) if isinstance(p, str) else list(p) for p in prompts]     # tokenized once
+            ids = [target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]     # tokenized once
             sampling = {f: v for f, v in run["overrides"].items() if f in ("temperature", "top_k", "top_p")}
             plain_config = speedup.spec_config("none", None, **sampling)
             _, plain_stats, plain_out = timed_generate(target, ids, plain_config, None)    # compile
@@ -132,7 +132,7 @@ def main(argv):
             buf = stats["buffer_len"]
             t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
             tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
-            d_obj, d_params = make_drafter(target, config, drafter, ids, max(buf, context + 2 * k + 8))
+            d_obj, d_params = build_drafter(BuildRequest(config, target, drafter, ids, max(buf, context + 2 * k + 8)))
             if registry.get(method).per_request_params:
                 tp = float("nan")              # predictions per request: proposing is a table lookup
             else:

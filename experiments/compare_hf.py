@@ -58,11 +58,12 @@ class Engines:
     hf_target: Any              # transformers LlamaForCausalLM (float32, eval)
     hf_draft: Any
 
+from specjax.checkpoints import resolve
+
 
 def model_dir(name: str) -> str:
     """A directory, or the name of a shipped model in checkpoints/."""
-    from specjax.api import CHECKPOINT_DIR
-    return name if os.path.isdir(name) else os.path.join(CHECKPOINT_DIR, name)
+    return resolve(name, "model")
 
 
 def load_engines(target_dir: str, draft_dir: str) -> Engines:
@@ -282,7 +283,7 @@ def main(argv):
     torch.set_num_threads(threads)
     omp_policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     engines = load_engines(model_dir(FLAGS.target), model_dir(FLAGS.draft))
-    prompts = [engines.target.encode(t) for t in humaneval_prompts(FLAGS.num_prompts)]
+    prompts = [engines.target.tokenize(t) for t in humaneval_prompts(FLAGS.num_prompts)]
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}, transformers "
           f"{transformers.__version__}, {threads} torch threads (OMP_WAIT_POLICY={omp_policy}); {len(prompts)} "
           f"HumanEval prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {FLAGS.max_new_tokens} "

@@ -38,8 +38,8 @@ import hashlib, json, re, sys, time
 import jax, numpy as np
 import specjax
 from specjax import SpecConfig
-from specjax.api import make_drafter
-from specjax.decode import decode
+from specjax.drafters.registry import BuildRequest, build as build_drafter
+from specjax.decode import decode_loop
 methods, max_new, batch = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
 target = specjax.load_model("stdlib-target")
 draft = specjax.load_model("stdlib-draft")
@@ -53,12 +53,12 @@ arg = {"draft_model": draft}
 report = {}
 for m in methods:
     cfg = config(m)
-    ids = [target.encode(p) for p in prompts]
+    ids = [target.tokenize(p) for p in prompts]
     P, buf = 64, 64 + max_new + 4 + 1 + 63 & ~63
     arr = np.zeros((batch, P), np.int32)
     for i, r in enumerate(ids):
         arr[i, :len(r)] = r
-    d, dp = make_drafter(target, cfg, arg.get(m), ids, buf)
+    d, dp = build_drafter(BuildRequest(cfg, target, arg.get(m), ids, buf))
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
     lowered = decode.lower(target.params, dp, arr, np.array([len(r) for r in ids], np.int32), keys,
                            np.int32(-1), cfg=target.config, drafter=d, spec=cfg, buffer_len=buf)

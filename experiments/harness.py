@@ -9,7 +9,7 @@ import numpy as np
 
 import specjax
 from specjax import analysis, metrics
-from specjax.api import make_drafter
+from specjax.drafters.registry import BuildRequest, build as build_drafter
 from specjax.drafters import registry
 from experiments import costs
 
@@ -45,7 +45,7 @@ def tree_fields(tree: str, k: int, artifact: str | None = None) -> dict:
 
 
 def prompt_ids(target, prompt) -> list[int]:
-    return target.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    return target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def run_prompts(target, prompts, runs: list, repeats: int = 1, seed: int = 0,
@@ -109,8 +109,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     tv = costs.forward_seconds(target, context, k + 1, reps=50, batch=batch, cache_size=buf)
     ids = [prompt_ids(target, p) for p in prompts[:batch]]
     per_request = registry.get(config.method).per_request_params
-    d_obj, d_params = make_drafter(target, config, drafter_arg[:batch] if per_request else drafter_arg,
-                                   ids, max(buf, context + 2 * k + 8))
+    d_obj, d_params = build_drafter(BuildRequest(config, target, drafter_arg[:batch] if per_request else drafter_arg,
+                                   ids, max(buf, context + 2 * k + 8)))
     tp = costs.propose_seconds(d_obj, d_params, target, context, sp, reps=50, batch=batch, cache_size=buf)
     # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
     t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, batch=batch, cache_size=buf)

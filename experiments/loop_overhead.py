@@ -49,14 +49,15 @@ import jax, jax.numpy as jnp, numpy as np
 from jax import lax
 import specjax
 from specjax import SpecConfig
-from specjax.api import make_drafter, right_pad
+from specjax.drafters.registry import BuildRequest, build as build_drafter
+from specjax.inputs import right_pad
 from specjax.cache import KVCache
-from specjax.decode import decode
+from specjax.decode import decode_loop
 from specjax.models.llama import forward, kv_heads
 from pallas_kernels.verify_attention.reference import verify_attention_reference
 from experiments.prompts import humaneval_prompts
 try:                            # revisions that prefill in length groups (the loop runs them as generate() does)
-    from specjax.api import plan_prefill
+    from specjax.inputs import plan_prefill
 except ImportError:
     plan_prefill = None
 try:                            # ... and give each group a KV cache of its own where that pays
@@ -90,7 +91,7 @@ INNER = 16
 cases = []                      # per batch size: its info and {name: (callable -> seconds, divisor)}
 for B in batches:
     texts = (humaneval_prompts(164) * (B // 164 + 1))[:B]
-    ids = [model.encode(t) for t in texts]
+    ids = [model.tokenize(t) for t in texts]
     P = max(len(r) for r in ids)
     buf = -(-(P + new + 1) // 64) * 64
     prompts = jnp.asarray(right_pad(ids, P))
@@ -108,8 +109,8 @@ for B in batches:
             parts = [(jnp.asarray(order[a:b]), size) for a, b, size in zip(cuts[:-1], cuts[1:], sizes)]
     def gen(n, B=B, ids=ids, buf=buf, prompts=prompts, plens=plens, keys=keys, grouping=grouping):
         spec = SpecConfig(max_new_tokens=n, stop_at_eos=False)
-        drafter, dparams = make_drafter(model, spec, None, ids, buf)
-        run = lambda: jax.block_until_ready(decode(model.params, dparams, prompts, plens, keys, jnp.int32(-1),
+        drafter, dparams = build_drafter(BuildRequest(spec, model, None, ids, buf))
+        run = lambda: jax.block_until_ready(decode_loop(model.params, dparams, prompts, plens, keys, jnp.int32(-1),
                                                    cfg=cfg, drafter=drafter, spec=spec, buffer_len=buf, **grouping))
         return lambda: timed(run)
     # The forward, attention and writes alone over the loop's cache (its groups' caches where it has them), each

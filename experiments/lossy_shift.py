@@ -137,7 +137,7 @@ def main(argv):
     prompts = load_prompt_set("humaneval", max(FLAGS.num_contexts, FLAGS.num_prompts), target.tokenizer)
     print(f"1. second generated token: TV / KL(p2 || empirical) over {FLAGS.samples} samples per context")
     for c in range(FLAGS.num_contexts):
-        ctx = target.encode(prompts[c])
+        ctx = target.tokenize(prompts[c])
         t0 = time.time()
         p2, left = second_token_distribution(target, ctx, sp)
         row = {"context": c, "tail_mass_left_out": left}
@@ -155,7 +155,7 @@ def main(argv):
         cfg = dataclasses.replace(cfg, max_new_tokens=FLAGS.max_new_tokens)
         nll, taus = [], []
         for i in range(FLAGS.num_prompts):
-            ids = target.encode(prompts[i])
+            ids = target.tokenize(prompts[i])
             r = specjax.generate(target, [ids] * FLAGS.repeats, cfg, drafter=drafter if cfg.method != "none" else None, seed=7,
                                  request_ids=list(range(i * FLAGS.repeats, (i + 1) * FLAGS.repeats)))
             nll.extend(sequence_nll(target, ids, r.tokens).tolist())

@@ -27,7 +27,7 @@ from absl import app, flags
 
 import specjax
 from specjax import SpecConfig
-from specjax.api import plan_prefill, prompt_bucket
+from specjax.inputs import plan_prefill, prompt_bucket
 from specjax.decode import round_up
 from experiments.prompts import humaneval_prompts
 from experiments.tables import text_table, write_table
@@ -55,7 +55,7 @@ def main(argv):
     target = specjax.load_model(FLAGS.model)
     rows = []
     for B in map(int, FLAGS.batch_sizes):
-        ids = [target.encode(t) for t in humaneval_prompts(B)]
+        ids = [target.tokenize(t) for t in humaneval_prompts(B)]
         calls, outputs, stats = {}, {}, {}
         for name, (kwargs, fields) in settings(ids, FLAGS.max_new_tokens).items():
             for n in (FLAGS.max_new_tokens, 1):

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 import specjax
 from specjax import SpecConfig
-from specjax.api import _drafter_kind
+from specjax.checkpoints import artifact_kind
 from specjax.drafters import artifacts, registry
 from experiments import harness
 from experiments.prompts import load_prompt_set
@@ -196,12 +196,12 @@ def resolve_drafter(drafter: str | None, method: str | None, target_dir: str) ->
     if method is not None and registry.get(method).load is None:
         return method, drafter                   # a method whose drafter= is a name, not weights (suffix's cache)
     path = artifacts.resolve(drafter)
-    kind = _drafter_kind(path) or published_kind(path)
+    kind = artifact_kind(path) or published_kind(path)
     if kind is not None:
         return method or kind, drafter
     heads = {}                                   # a model directory holding a drafter of its own
     for sub in sorted(os.listdir(path)):
-        sub_kind = _drafter_kind(os.path.join(path, sub)) if os.path.isdir(os.path.join(path, sub)) else None
+        sub_kind = artifact_kind(os.path.join(path, sub)) if os.path.isdir(os.path.join(path, sub)) else None
         if sub_kind is not None:
             heads.setdefault(sub_kind, os.path.join(path, sub))
     if method is not None:

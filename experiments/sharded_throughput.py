@@ -26,8 +26,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import specjax  # noqa: E402
-from specjax import SpecConfig, sharding  # noqa: E402
-from specjax.api import Model  # noqa: E402
+from specjax import SpecConfig, layout, sharding  # noqa: E402
+from specjax.models import Model  # noqa: E402
 from specjax.models.config import ModelConfig  # noqa: E402
 from specjax.models.llama import init_params  # noqa: E402
 
@@ -92,7 +92,7 @@ def main(_):
         else:
             per_dev = max(sharding.bytes_per_device(sharding.shard_params(target.params, cfg, mesh)).values())
             data, model = (dict(zip(mesh.axis_names, mesh.axis_sizes))[a] for a in ("data", "model"))
-        mem = sharding.memory_per_device(cfg, data, model, dtype_bytes=4)    # cache per device, kv copies counted
+        mem = layout.memory_per_device(cfg, data, model, dtype_bytes=4)    # cache per device, kv copies counted
         for name, (spec, drafter) in runs.items():
             wall, res = timed(lambda: specjax.generate(target, prompts, spec, drafter=drafter, mesh=mesh))
             tps = res.stats["generated_tokens"] / wall

@@ -69,7 +69,8 @@ def main(argv):
     del argv
     import specjax
     from specjax import SpecConfig
-    from specjax.api import buffer_length, make_drafter
+    from specjax.decode import buffer_length
+    from specjax.drafters.registry import BuildRequest, build as build_drafter
     from specjax.drafters import registry
     from experiments import costs
     from experiments.prompts import load_prompt_set
@@ -80,7 +81,7 @@ def main(argv):
         raise app.UsageError(f"--ks {ks} go past --k_max={FLAGS.k_max}: a trace says nothing beyond its own k")
     target = specjax.load_model(FLAGS.target)
     prompts = load_prompt_set(FLAGS.prompt_set, FLAGS.batch_size, target.tokenizer)[:FLAGS.batch_size]
-    ids = [target.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    ids = [target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
     B, N = len(ids), FLAGS.max_new_tokens
     spec = registry.get(FLAGS.method)
     drafter = spec.load(target, FLAGS.drafter) if (FLAGS.drafter and spec.load) else (FLAGS.drafter or None)
@@ -116,7 +117,7 @@ def main(argv):
         """(propose, verify, drafter init) seconds at chain length k."""
         if k == 0:
             return 0.0, t1, 0.0
-        d_obj, d_params = make_drafter(target, config(k), drafter, ids, max(buf, context + 2 * k + 8))
+        d_obj, d_params = build_drafter(BuildRequest(config(k), target, drafter, ids, max(buf, context + 2 * k + 8)))
         tp = costs.propose_seconds(d_obj, d_params, target, context, config(k).sampling, batch=B, cache_size=buf)
         tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
         ti = costs.init_seconds(d_obj, d_params, target, longest, config(k).sampling, batch=B, cache_size=buf,

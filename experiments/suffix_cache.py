@@ -33,7 +33,7 @@ def main(argv):
     del argv
     target = specjax.load_model(FLAGS.target)
     prompts = load_prompt_set(FLAGS.prompts, FLAGS.num_prompts, target.tokenizer)
-    pad_to = max(len(target.encode(p)) if isinstance(p, str) else len(p) for p in prompts)
+    pad_to = max(len(target.tokenize(p)) if isinstance(p, str) else len(p) for p in prompts)
     plain_cfg = SpecConfig(max_new_tokens=FLAGS.max_new_tokens, stop_at_eos=False)
     plain = [specjax.generate(target, [p], plain_cfg, pad_to=pad_to).tokens[0] for p in prompts]
     config = SpecConfig(method="suffix", num_speculative_tokens=FLAGS.k, max_new_tokens=FLAGS.max_new_tokens,

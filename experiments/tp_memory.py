@@ -3,7 +3,7 @@
     python -m experiments.tp_memory [--devices=8,16] [--dtype_bytes=2] [--context=8192] [--hbm_gib=80,16]
 
 For each model (config.json fields written out below) and each mesh of --devices devices: the Layout
-(specjax.sharding.plan_layout: padded vocabulary, kv-head copies), the per-device parameter bytes and their
+(specjax.layout.plan_layout: padded vocabulary, kv-head copies), the per-device parameter bytes and their
 replication/padding overhead, the KV-cache bytes per cached token on each device (and the replication share), and
 how many --context-token requests fit (on the whole mesh) in each of --hbm_gib per device after the weights and a 5 GB reserve for
 activations and XLA scratch. A mesh the model cannot use prints the error the library raises (shortened).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from specjax import sharding
+from specjax import layout
 from specjax.models.config import ModelConfig
 
 FLAGS = flags.FLAGS
@@ -42,7 +42,7 @@ def rows(name: str, cfg: ModelConfig, devices: int) -> list[str]:
         data = devices // model
         mesh = f"({data}, {model})"
         try:
-            mem = sharding.memory_per_device(cfg, data, model, dtype_bytes=FLAGS.dtype_bytes)
+            mem = layout.memory_per_device(cfg, data, model, dtype_bytes=FLAGS.dtype_bytes)
         except ValueError as e:
             why = str(e).split(";")[0].replace("mesh 'model' axis of size", "model axis")
             hint = str(e).rsplit("e.g. ", 1)[-1]

@@ -436,7 +436,7 @@ from IPython.display import Markdown, display
 display(Markdown("\n".join([f"| {METHOD} drafter | alpha | tau | accept_per_position |", "| --- | --- | --- | --- |",
                             *rows])))
 print("speculative tokens == plain tokens for both drafters\n")
-print(target.decode(prompts[0][-40:]) + "\033[1m" + plain.texts[0] + "\033[0m")   # prompt's end, then the output
+print(target.detokenize(prompts[0][-40:]) + "\033[1m" + plain.texts[0] + "\033[0m")   # prompt's end, then the output
 '''),
 ]
 

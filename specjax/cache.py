@@ -9,7 +9,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.sharding import constrain_cache
+from specjax.layout import constrain_cache
 
 
 def keys_transposed_by_default() -> bool:

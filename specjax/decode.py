@@ -196,7 +196,7 @@ def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_l
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups", "cache_sizes"))
-def decode(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
+def decode_loop(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
            request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
            buffer_len: int, prefill_groups: tuple[tuple[int, int], ...] | None = None,
            prefill_order: jax.Array | None = None,

@@ -26,7 +26,7 @@ def child(port: int, pid: int) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import specjax
     from conftest import perturbed, ragged_prompts, tiny_model
-    from specjax import SpecConfig, sharding
+    from specjax import SpecConfig, layout, sharding
 
     target = tiny_model(0, vocab=517, hidden=64, heads=8, kv_heads=2)
     near = perturbed(target, 0.02)
@@ -43,7 +43,7 @@ def child(port: int, pid: int) -> None:
                                                                       mesh=mesh).tokens
     params = sharding.shard_params(target.params, target.config, sharding.make_mesh(1, 8))
     out["local_param_bytes"] = sum(sharding.bytes_per_device(params).values())
-    out["device_param_bytes"] = sharding.memory_per_device(target.config, 1, 8, dtype_bytes=4).params
+    out["device_param_bytes"] = layout.memory_per_device(target.config, 1, 8, dtype_bytes=4).params
     print("CHILD " + json.dumps(out), flush=True)
     jax.distributed.shutdown()
 

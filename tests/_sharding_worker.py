@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import specjax  # noqa: E402
 from conftest import perturbed, ragged_prompts, tiny_model  # noqa: E402
 from specjax import SpecConfig  # noqa: E402
-from specjax import sharding  # noqa: E402
+from specjax import layout, sharding  # noqa: E402
 
 VOCAB = 64
 MESHES = [(1, 8), (2, 4), (8, 1)]
@@ -65,7 +65,7 @@ def main() -> None:
         except ValueError as e:
             errors[name] = str(e)
     try:
-        sharding.validate_mesh(target.config, sharding.make_mesh(2, 4), batch=5)
+        layout.validate_mesh(target.config, sharding.make_mesh(2, 4), batch=5)
         errors["batch"] = None
     except ValueError as e:
         errors["batch"] = str(e)
@@ -77,7 +77,7 @@ def main() -> None:
         save_pretrained(target.params, target.config, d)
         mesh = sharding.make_mesh(2, 4)
         loaded = specjax.load_model(d, mesh=mesh)
-        specs = sharding.param_specs(loaded.config, loaded.params, mesh)
+        specs = layout.param_specs(loaded.config, loaded.params, mesh)
         same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
                                       loaded.params, target.params)
         placed = jax.tree_util.tree_map(lambda a, s: a.sharding.spec == s, loaded.params, specs)

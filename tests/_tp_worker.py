@@ -24,7 +24,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import specjax  # noqa: E402
 from conftest import perturbed, ragged_prompts, tiny_model  # noqa: E402
-from specjax import SpecConfig, sharding  # noqa: E402
+from specjax import SpecConfig, layout, sharding  # noqa: E402
 from specjax.cache import KVCache  # noqa: E402
 from specjax.models.llama import kv_heads  # noqa: E402
 
@@ -63,7 +63,7 @@ def main(methods: list[str]) -> None:
             out["tokens"][key] = res.tokens
             out["stats"][key] = {k: res.stats[k] for k in ("accepted", "rejected") if k in res.stats}
 
-    # Per-device bytes, measured, against sharding.memory_per_device (float32: 4 bytes).
+    # Per-device bytes, measured, against layout.memory_per_device (float32: 4 bytes).
     B, S = 8, 64
     for shape in MESHES:
         mesh = sharding.make_mesh(*shape)
@@ -71,7 +71,7 @@ def main(methods: list[str]) -> None:
         with jax.set_mesh(mesh):                             # KVCache.init pins the cache layout under a mesh
             cache = jax.jit(lambda: KVCache.init(target.config.num_layers, B, S, kv_heads(params, target.config),
                                                  target.config.head_dim))()
-        arith = sharding.memory_per_device(target.config, *shape, dtype_bytes=4)
+        arith = layout.memory_per_device(target.config, *shape, dtype_bytes=4)
         out["memory"][f"{shape[0]}x{shape[1]}"] = {
             "params": sorted(set(sharding.bytes_per_device(params).values())),
             "cache": sorted(set(sharding.bytes_per_device((cache.k, cache.v)).values())),

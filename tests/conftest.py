@@ -6,7 +6,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import pytest
 
-from specjax.api import Model
+from specjax.models import Model
 from specjax.models.config import ModelConfig
 from specjax.models.llama import init_params
 

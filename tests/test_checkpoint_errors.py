@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specjax.models import ModelConfig, init_params, load_pretrained, save_pretrained
-from specjax.models.hf_io import _SafetensorsFile
+from specjax.models.hf_io import SafetensorsFile
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8, family="llama")
@@ -32,7 +32,7 @@ def ckpt(good_dir, tmp_path):
 
 
 def _tensors(d):
-    f = _SafetensorsFile(str(d / "model.safetensors"))
+    f = SafetensorsFile(str(d / "model.safetensors"))
     return {k: np.array(f.get(k)) for k in f.keys()}
 
 

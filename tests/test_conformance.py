@@ -26,7 +26,7 @@ import pytest
 import specjax
 import specjax.verify as verify
 from specjax import SamplingParams, SpecConfig
-from specjax.api import Model
+from specjax.models import Model
 from specjax.drafters import registry
 from conftest import BASELINE_MAX_NEW, perturbed, ragged_prompts
 from _stats import exact_joint, gof_pvalue, joint_counts

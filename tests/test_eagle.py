@@ -18,7 +18,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from specjax.api import make_drafter
+from specjax.drafters.registry import BuildRequest, build as build_drafter
 from specjax.cache import KVCache
 from specjax.drafters import eagle
 from specjax.drafters.base import Context, target_weight
@@ -145,7 +145,7 @@ def test_sampled_smoke(target, drafters):
     assert all(0 <= t < target.config.vocab_size for row in res.tokens for t in row)
     assert res.stats["drafted"] > 0 and res.stats["accepted"] > 0
     # q is a distribution over the TARGET vocabulary, zero outside the draft vocabulary; drafts lie inside it
-    drafter, params = make_drafter(target, cfg, w, prompts, 64)
+    drafter, params = build_drafter(BuildRequest(cfg, target, w, prompts, 64))
     ids = jnp.asarray(np.array([p + [0] * (19 - len(p)) for p in prompts]), jnp.int32)
     plen = jnp.asarray([len(p) for p in prompts], jnp.int32)
     tc = target.config

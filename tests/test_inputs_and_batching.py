@@ -9,7 +9,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from specjax.api import plan_prefill, prompt_bucket, right_pad
+from specjax.inputs import plan_prefill, prompt_bucket, right_pad
 from specjax.decode import GROUP_CACHE_COST_SLOTS, group_cache_sizes, prefill_forward, round_up
 from conftest import ragged_prompts, tiny_model
 

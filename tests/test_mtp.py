@@ -11,7 +11,7 @@ import pytest
 
 import specjax
 from specjax import SamplingParams, SpecConfig
-from specjax.api import Model
+from specjax.models import Model
 from specjax.cache import KVCache
 from specjax.drafters import mtp
 from specjax.drafters.base import Context, target_weight

@@ -11,7 +11,7 @@ import pytest
 
 import specjax
 from specjax import SamplingParams, SpecConfig
-from specjax.api import Model
+from specjax.models import Model
 from specjax.drafters import pard
 from specjax.drafters.base import Context
 from specjax.models.llama import forward, full_logits

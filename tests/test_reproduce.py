@@ -187,13 +187,13 @@ def test_method_inference(ckpts):
 
 
 def test_method_inference_of_shipped_drafters():
-    from specjax.api import CHECKPOINT_DIR
-    if not os.path.isdir(os.path.join(CHECKPOINT_DIR, "stdlib-target-medusa2")):
+    from specjax.checkpoints import shipped_dir
+    if shipped_dir() is None or not os.path.isdir(os.path.join(shipped_dir(), "stdlib-target-medusa2")):
         pytest.skip("no shipped checkpoints")
     assert reproduce.resolve_drafter("stdlib-target-eagle3", None, "stdlib-target")[0] == "eagle3"
     assert reproduce.resolve_drafter("stdlib-draft", None, "stdlib-target")[0] == "draft_model"
     # Medusa-2's heads ship inside their own target: drafting from the target's directory means those heads
-    m2 = os.path.join(CHECKPOINT_DIR, "stdlib-target-medusa2")
+    m2 = os.path.join(shipped_dir(), "stdlib-target-medusa2")
     assert reproduce.resolve_drafter("stdlib-target-medusa2", None, m2) == ("medusa", os.path.join(m2, "medusa_heads"))
     assert reproduce.resolve_drafter("stdlib-target-mtp4", "mtp_heads", "stdlib-target")[0] == "mtp_heads"
 

@@ -1,6 +1,6 @@
 """Tensor parallelism for any checkpoint (issue 16): vocabulary padding and kv-head replication.
 
-The arithmetic (specjax.sharding.plan_layout / apply_layout / memory_per_device) is tested here in-process, on one
+The arithmetic (specjax.layout.plan_layout / apply_layout / memory_per_device) is tested here in-process, on one
 device. Identical tokens on (8, 1), (2, 4) and (1, 8) meshes of virtual CPU devices, and measured per-device bytes
 against the arithmetic, run in tests/_tp_worker.py (a subprocess: jax fixes its device count at startup).
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from specjax import sharding
+from specjax import layout
 from specjax.models.config import ModelConfig
 from specjax.models.llama import full_logits, kv_heads
 from test_sharding import run_worker
@@ -28,18 +28,18 @@ LLAMA_31_70B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidde
 
 
 def test_padded_vocab():
-    assert sharding.padded_vocab(517, 1) == 517
-    assert sharding.padded_vocab(64, 8) == 64                     # divisible: left as it is (no copy)
-    assert sharding.padded_vocab(517, 4) == sharding.padded_vocab(517, 8) == 640
-    assert sharding.padded_vocab(32001, 8) == 32128                # Vicuna / Llama-2 + pad token
-    assert sharding.padded_vocab(50257, 16) == 50304               # GPT-2
-    assert sharding.padded_vocab(517, 12) == 768                   # lcm(12, 128) = 384
+    assert layout.padded_vocab(517, 1) == 517
+    assert layout.padded_vocab(64, 8) == 64                     # divisible: left as it is (no copy)
+    assert layout.padded_vocab(517, 4) == layout.padded_vocab(517, 8) == 640
+    assert layout.padded_vocab(32001, 8) == 32128                # Vicuna / Llama-2 + pad token
+    assert layout.padded_vocab(50257, 16) == 50304               # GPT-2
+    assert layout.padded_vocab(517, 12) == 768                   # lcm(12, 128) = 384
 
 
 @pytest.mark.parametrize("model,repeat", [(1, 1), (2, 1), (4, 2), (8, 4)])
 def test_kv_replication_plan(model, repeat):
     cfg = tiny_model(0, vocab=517, hidden=64, heads=8, kv_heads=2).config
-    lay = sharding.plan_layout(cfg, model)
+    lay = layout.plan_layout(cfg, model)
     assert lay.kv_repeat == repeat and lay.kv_heads == 2 * repeat and lay.kv_heads % model == 0
     # Each device's contiguous block of query heads reads only the kv heads the same device holds.
     q_per_dev, kv_per_dev = cfg.num_heads // model, lay.kv_heads // model
@@ -53,18 +53,18 @@ def test_kv_replication_not_a_multiple():
     # 3 kv heads on a model axis of 4: lcm(3, 4) = 12 placed kv heads, one per query head.
     cfg = ModelConfig(vocab_size=64, hidden_size=96, intermediate_size=64, num_layers=1, num_heads=12,
                       num_kv_heads=3, head_dim=8)
-    assert sharding.plan_layout(cfg, 4) == sharding.Layout(4, 64, 12, 4)
+    assert layout.plan_layout(cfg, 4) == layout.Layout(4, 64, 12, 4)
 
 
 def test_impossible_layout_names_a_mesh_that_works():
     cfg = ModelConfig.from_hf(QWEN_25_7B)                          # 28 query heads: 8 does not divide them
     with pytest.raises(ValueError, match=r"num_heads=28.*\[1, 2, 4\], e\.g\. make_mesh\(data=2, model=4\)"):
-        sharding.plan_layout(cfg, 8, devices=8)
+        layout.plan_layout(cfg, 8, devices=8)
     with pytest.raises(ValueError, match=r"make_mesh\(data=4, model=4\)"):
-        sharding.memory_per_device(cfg, 1, 16)
+        layout.memory_per_device(cfg, 1, 16)
     # Not strict (a draft model): the heads stay replicated, the vocabulary is still padded.
     small = tiny_model(1, vocab=517, hidden=16, layers=1, heads=2, kv_heads=1).config
-    assert sharding.plan_layout(small, 4, strict=False) == sharding.Layout(4, 640, 1, 1)
+    assert layout.plan_layout(small, 4, strict=False) == layout.Layout(4, 640, 1, 1)
 
 
 def test_apply_layout_keeps_the_model():
@@ -73,8 +73,8 @@ def test_apply_layout_keeps_the_model():
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 517, (2, 9)), jnp.int32)
     want = full_logits(params, cfg, tokens)
     for m in (4, 8):
-        lay = sharding.plan_layout(cfg, m)
-        placed = sharding.apply_layout(params, cfg, lay)
+        lay = layout.plan_layout(cfg, m)
+        placed = layout.apply_layout(params, cfg, lay)
         assert placed["embed"].shape == (640, 64) and placed["lm_head"].shape == (64, 640)
         assert not np.any(np.asarray(placed["embed"][517:])) and not np.any(np.asarray(placed["lm_head"][:, 517:]))
         assert kv_heads(placed, cfg) == lay.kv_heads
@@ -89,32 +89,32 @@ def test_apply_layout_keeps_the_model():
         # row moves them by O(1).
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
         assert np.array_equal(np.argmax(got, -1), np.argmax(want, -1))
-        again = sharding.apply_layout(placed, cfg, lay)               # placing twice is a no-op
+        again = layout.apply_layout(placed, cfg, lay)               # placing twice is a no-op
         assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(placed)))
-        back = sharding.logical_params(placed, cfg)                   # and the inverse gives the checkpoint back
+        back = layout.logical_params(placed, cfg)                   # and the inverse gives the checkpoint back
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(back),
                                                         jax.tree_util.tree_leaves(params)))
     # Laid out for model=8 (4 copies of each kv head), the params serve model=4 as they are.
-    placed8 = sharding.apply_layout(params, cfg, sharding.plan_layout(cfg, 8))
-    again = sharding.apply_layout(placed8, cfg, sharding.plan_layout(cfg, 4))
+    placed8 = layout.apply_layout(params, cfg, layout.plan_layout(cfg, 8))
+    again = layout.apply_layout(placed8, cfg, layout.plan_layout(cfg, 4))
     assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(placed8)))
 
 
 def test_memory_arithmetic_real_shapes():
     l8, q7, l70 = (ModelConfig.from_hf(c) for c in (LLAMA_31_8B, QWEN_25_7B, LLAMA_31_70B))
     # 70B on 8 devices: the split the module docstring works out by hand (17.6 GB of bf16 weights, 40 KiB/token).
-    m = sharding.memory_per_device(l70, 1, 8)
+    m = layout.memory_per_device(l70, 1, 8)
     assert m.params == pytest.approx(17.64e9, rel=1e-3) and m.kv_per_token == 40 * 1024
     assert m.params_replication == m.params_padding == 0
     # 70B on 16 devices, (1, 16): refused before, now each kv head is held twice.
-    m16 = sharding.memory_per_device(l70, 1, 16)
+    m16 = layout.memory_per_device(l70, 1, 16)
     assert m16.layout.kv_repeat == 2 and m16.kv_per_token == 40 * 1024 and m16.kv_per_token_replication == 20 * 1024
     assert m16.params == pytest.approx((l70.num_params() * 2 - 3 * 8192 * 80 * 2) / 16 + 3 * 8192 * 80 * 2
                                        + m16.params_replication, rel=1e-3)
     # Llama 3.1 8B on 16: 8 kv heads -> 2 copies each; Qwen2.5 7B: the model axis stops at 4 (28 query heads).
-    assert sharding.memory_per_device(l8, 1, 16).layout.kv_repeat == 2
-    assert sharding.working_model_axes(q7, 16) == [1, 2, 4]
-    assert sharding.memory_per_device(q7, 2, 4).params < 4.0 * GiB
+    assert layout.memory_per_device(l8, 1, 16).layout.kv_repeat == 2
+    assert layout.working_model_axes(q7, 16) == [1, 2, 4]
+    assert layout.memory_per_device(q7, 2, 4).params < 4.0 * GiB
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def test_chain_tree_matches_chain_statistics(target, near_draft, baselines):
 def test_tree_eos_stops_each_row(target, baselines):
     """EOS inside an accepted path ends the row there (the tokens after it in the same step are dropped)."""
     import dataclasses
-    from specjax.api import Model
+    from specjax.models import Model
     base = baselines[3]
     eos = base[1][5]
     t_eos = Model(dataclasses.replace(target.config, eos_token_id=eos), target.params, None, "eos")

@@ -31,7 +31,7 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from specjax import sharding
+from specjax import layout, sharding
 
 # (params, batch, rng) -> (loss, metrics); with train(frozen=...): (params, batch, rng, frozen) -> (loss, metrics)
 LossFn = Callable[..., tuple[jax.Array, dict]]
@@ -91,11 +91,11 @@ SpecFn = Callable[[Any, Mesh], Any]
 
 
 def default_specs(tree: Any, mesh: Mesh) -> Any:
-    """PartitionSpecs for a params pytree: a Llama (target or draft model) gets specjax.sharding.param_specs
+    """PartitionSpecs for a params pytree: a Llama (target or draft model) gets specjax.layout.param_specs
     (split over "model"; dims the axis does not divide stay replicated), anything else (head weights) is
     replicated. A recipe whose heads are large passes its own spec function."""
     if isinstance(tree, dict) and "layers" in tree and "embed" in tree:
-        return sharding.param_specs(None, tree, mesh)
+        return layout.param_specs(None, tree, mesh)
     return jax.tree.map(lambda _: P(), tree)
 
 

@@ -84,7 +84,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
-        from specjax.api import load_model
+        from specjax.models import load_model
         params = jax.device_get(params)
         fields = skeleton.save_lm(params["lm"], cfg, out_dir, run.corpus)
         target = load_model(out_dir)

@@ -80,7 +80,7 @@ def add_identity_layers(params: dict, cfg, n: int, seed: int) -> tuple[dict, "Mo
 
 
 def build(run: skeleton.Run) -> skeleton.Parts:
-    from specjax.api import load_model
+    from specjax.models import load_model
     F, target = run.flags, run.target
     tcfg = target.config
     draft = load_model(F.init)

@@ -82,7 +82,7 @@ class Run:
     """What a recipe's build function gets."""
     flags: Any                            # parsed absl FlagValues (shared + the recipe's own)
     corpus: data.Corpus                   # tokenizer, train and held-out token streams
-    target: Any                           # the frozen target (specjax.api.Model, on the mesh), or None
+    target: Any                           # the frozen target (specjax.Model, on the mesh), or None
     mesh: Mesh | None
     log: Callable[[str], None]
 
@@ -212,7 +212,7 @@ def parse_mesh(spec: str | None, batch_size: int) -> Mesh | None:
 def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
     target = None
     if recipe.frozen_target:
-        from specjax.api import load_model
+        from specjax.models import load_model
         target = load_model(F.target, mesh=mesh)       # each tensor read straight into its shard under a mesh
         try:
             data.check_checkpoint_corpus(F.target, strict=False)

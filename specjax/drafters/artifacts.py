@@ -16,7 +16,12 @@ import json
 import os
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
+
+from specjax.checkpoints import resolve
+from specjax.models.hf_io import SafetensorsFile
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -55,24 +60,9 @@ def check_target(recorded: dict, target, where: str) -> None:
                          f"this target or pass the target it was made for")
 
 
-def resolve(path_or_name: str | os.PathLike) -> str:
-    """A directory, or the name of a shipped drafter under checkpoints/."""
-    from specjax.api import CHECKPOINT_DIR, available_models
-    path = os.fspath(path_or_name)
-    if os.path.isdir(path):
-        return path
-    shipped = os.path.join(CHECKPOINT_DIR, path)
-    if os.path.isdir(shipped):
-        return shipped
-    raise FileNotFoundError(f"no drafter directory {path!r} and no shipped checkpoint of that name (shipped: "
-                            f"{available_models()})")
-
-
 def save_artifact(path: str | os.PathLike, kind: str, config: dict, tensors: dict[str, Any], target,
                   manifest: str, dtype: str = "bfloat16") -> None:
     """Write a drafter artifact for `target`. tensors: flat name -> array; stored in `dtype`."""
-    import ml_dtypes
-    from safetensors.numpy import save_file
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
@@ -88,8 +78,7 @@ def save_artifact(path: str | os.PathLike, kind: str, config: dict, tensors: dic
 def load_artifact(path_or_name: str | os.PathLike, target, kind: str,
                   dtype=np.float32) -> tuple[dict, dict[str, np.ndarray]]:
     """-> (the drafter's config dict, flat name -> array) after checking the kind and the target."""
-    from specjax.models.hf_io import _SafetensorsFile
-    path = resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     cfg_path = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"drafter directory {path} has no {CONFIG_NAME}")
@@ -106,7 +95,7 @@ def load_artifact(path_or_name: str | os.PathLike, target, kind: str,
     if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
         raise FileNotFoundError(f"drafter directory {path} has no {MANIFEST_NAME} (how it was made is part of "
                                 "the artifact)")
-    weights = _SafetensorsFile(os.path.join(path, WEIGHTS_NAME))
+    weights = SafetensorsFile(os.path.join(path, WEIGHTS_NAME))
     return config, {name: np.asarray(weights.get(name), dtype) for name in weights.keys()}
 
 
@@ -123,11 +112,10 @@ def read_manifest_record(path: str) -> dict:
 def read_published_tensors(path: str, safetensors_names: tuple[str, ...], torch_name: str) -> dict[str, np.ndarray]:
     """The tensors of a published checkpoint directory: the first of safetensors_names that exists, else the torch
     file torch_name (read with torch when it is installed). Floating tensors come back as float32."""
-    from specjax.models.hf_io import _SafetensorsFile
     for name in safetensors_names:
         f = os.path.join(path, name)
         if os.path.isfile(f):
-            st = _SafetensorsFile(f)
+            st = SafetensorsFile(f)
             return {k: _as_float32(np.asarray(st.get(k))) for k in st.keys()}
     pt = os.path.join(path, torch_name)
     if os.path.isfile(pt):

@@ -21,12 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.cache import KVCache
 from specjax import tree_search
+from specjax.cache import KVCache
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
 from specjax.models.llama import forward, kv_heads
+from specjax.models.model import Model, load_model
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.trees import TreeSpec, mask_from_parents
 
@@ -156,19 +158,15 @@ def check_same_vocabulary(target, draft, extra_tokens: int = 0) -> None:
                              "different strings): the draft was made for another tokenizer")
 
 
-def _load(target, path_or_name) -> "Model":
-    from specjax.api import load_model
-    return load_model(os.fspath(path_or_name))                  # a directory or a shipped model's name
+def _load(target: Model, path_or_name: str) -> Model:
+    return load_model(path_or_name)                  # a directory or a shipped model's name
 
 
 def _build(req: BuildRequest):
-    from specjax.api import Model
     config, draft = req.config, req.drafter
-    if isinstance(draft, (str, os.PathLike)):
-        draft = _load(req.target, draft)
-    if not isinstance(draft, Model):
+    if draft is None:
         raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model, a model directory or a "
-                        f"shipped model name>, got {type(draft).__name__}")
+                        "shipped model name>, got None")
     check_same_vocabulary(req.target, draft)
     steps, topk = (config.num_steps or 0), (config.topk or 0)        # 0: chain or static tree
     width = config.tree.topk if config.tree is not None else topk
@@ -180,18 +178,19 @@ def _build(req: BuildRequest):
                              steps, topk), draft.params
 
 
-def _prepare_params(drafter: DraftModelDrafter, params, mesh):
-    """The target's layout rules (vocabulary padded, kv heads replicated), leniently: a small draft model whose
-    query heads or MLP the model axis does not divide keeps those dims replicated instead of being refused."""
-    from specjax.sharding import apply_layout, plan_layout
-    m = dict(zip(mesh.axis_names, mesh.axis_sizes))["model"]
+def prepare_llama_params(drafter, params, mesh):
+    """A drafter that is a Llama (drafter.config: its ModelConfig) laid out by the target's rules (vocabulary
+    padded, kv heads replicated), leniently: a small draft model whose query heads or MLP the model axis does not
+    divide keeps those dims replicated instead of being refused."""
+    m = axis_size(mesh, "model")
     return apply_layout(params, drafter.config, plan_layout(drafter.config, m, what="draft model", strict=False))
 
 
-def _param_specs(drafter: DraftModelDrafter, params, mesh):
-    from specjax.sharding import param_specs
-    return param_specs(drafter.config, params, mesh)       # a Llama: the target's layout; undividable dims replicated
+def llama_param_specs(drafter, params, mesh):
+    """A Llama drafter's partition specs: the target's layout, dims the mesh does not divide replicated."""
+    return param_specs(drafter.config, params, mesh)
 
 
 register(DrafterSpec("draft_model", _build, accepts="a specjax Model, a model directory or a shipped model name",
-                     load=_load, trees=True, prepare_params=_prepare_params, param_specs=_param_specs))
+                     load=_load, artifact=Model, trees=True, prepare_params=prepare_llama_params,
+                     param_specs=llama_param_specs))

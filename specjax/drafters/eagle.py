@@ -70,12 +70,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
 from specjax.cache import KVCache
+from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.layout import fit_spec, leaf_spec
+from specjax.models.hf_io import SafetensorsFile
 from specjax.models.config import ModelConfig
 from specjax.models.llama import apply_rope, attention, rms_norm, rope_inv_freq
 from specjax.sampling import SamplingParams
@@ -709,7 +713,6 @@ def save(path: str | os.PathLike, weights: EagleWeights, target, manifest: str, 
 
 
 def _load_ours(path: str, target, kind: str) -> EagleWeights:
-    from specjax.models.hf_io import _SafetensorsFile
     cfg_dict, flat = artifacts.load_artifact(path, target, kind)
     config = EagleConfig.from_dict(cfg_dict)
     _check_shapes(flat, config, path)
@@ -721,7 +724,7 @@ def _load_ours(path: str, target, kind: str) -> EagleWeights:
         vm = os.path.join(path, VOCAB_MAP_NAME)
         if not os.path.isfile(vm):
             raise FileNotFoundError(f"EAGLE-3 artifact {path} has no {VOCAB_MAP_NAME} (the draft vocabulary map)")
-        st = _SafetensorsFile(vm)
+        st = SafetensorsFile(vm)
         if "d2t" not in st.keys():
             raise ValueError(f"{vm} has no 'd2t' tensor")
         d2t = check_vocab_map(np.asarray(st.get("d2t")), config.vocab_size, config.draft_vocab_size, path,
@@ -879,7 +882,7 @@ def export_published(path: str | os.PathLike, weights: EagleWeights, dtype: str 
 
 def load(path_or_name: str | os.PathLike, target, kind: str | None = None) -> EagleWeights:
     """Our artifact, a published layout, or a shipped name -> EagleWeights for this target (kind: refuse others)."""
-    path = artifacts.resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"EAGLE drafter directory {path} has no config.json")
@@ -937,8 +940,6 @@ def _load_eagle3(target, path_or_name):
 
 
 def _param_specs(drafter: EagleDrafter, params, mesh):
-    from jax.sharding import PartitionSpec as P
-    from specjax.sharding import fit_spec, leaf_spec
     own = {"fc_w": P(), "fc_b": P(), "hidden_norm": P(), "vocab_map": P()}
 
     def spec(path, x):

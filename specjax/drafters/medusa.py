@@ -34,9 +34,11 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
+from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.layout import fit_spec
 from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.trees import TreeSpec
 
@@ -180,7 +182,7 @@ def load_published(path: str, target) -> MedusaHeads:
 
 def load_heads(path_or_name: str | os.PathLike, target) -> MedusaHeads:
     """A specjax Medusa artifact, a published layout, or a shipped name -> MedusaHeads for this target."""
-    path = artifacts.resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"Medusa directory {path} has no config.json")
@@ -208,7 +210,7 @@ def accuracy_tree(path_or_name: str | os.PathLike, num_nodes: int) -> tuple:
     """Tree choices of num_nodes nodes that maximise the expected accepted length under the heads' measured
     per-rank accuracies (recorded in the artifact's MANIFEST by the training recipe): Medusa's construction."""
     from specjax.trees import choices_from_accuracies
-    path = artifacts.resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     record = artifacts.read_manifest_record(path)
     if "tree_rank_accuracy" not in record:        # Medusa-2 heads ship inside their target's directory
         record = artifacts.read_manifest_record(os.path.dirname(os.path.normpath(path)))
@@ -246,7 +248,6 @@ def _build(req: BuildRequest):
 
 
 def _param_specs(drafter: MedusaDrafter, params, mesh):
-    from specjax.sharding import fit_spec
     specs = {"w": P(), "b": P(), "proj": P(None, None, "model") if params["proj"].ndim == 3 else P(None, "model")}
     return {k: fit_spec(specs[k], params[k].shape, mesh) for k in params}
 

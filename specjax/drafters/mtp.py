@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.cache import KVCache
+from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
@@ -356,7 +357,7 @@ def save(path: str | os.PathLike, weights: MTPWeights, target, manifest: str, dt
 def load(path_or_name: str | os.PathLike, target, kind: str) -> MTPWeights:
     """A specjax "mtp" / "mtp_heads" artifact (or a multi-token target's directory holding mtp_heads/, or a shipped
     name) -> MTPWeights, checked against this target."""
-    path = artifacts.resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     if kind == "mtp_heads" and os.path.isdir(os.path.join(path, HEADS_DIR)):
         path = os.path.join(path, HEADS_DIR)
     cfg, tensors = artifacts.load_artifact(path, target, kind)

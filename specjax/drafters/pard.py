@@ -33,10 +33,14 @@ import jax.numpy as jnp
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft
-from specjax.drafters.draft_model import DraftModelDrafter, _param_specs, _prepare_params, check_same_vocabulary
+from specjax.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, llama_param_specs, \
+    prepare_llama_params
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.checkpoints import resolve
 from specjax.models.config import ModelConfig
+from specjax.models.hf_io import load_pretrained, save_pretrained
 from specjax.models.llama import forward
+from specjax.models.model import Model
 from specjax.sampling import SamplingParams, probabilities, sample
 
 MASK_TOKEN = "<|pard_mask_{}|>"
@@ -135,7 +139,6 @@ def save(path: str | os.PathLike, params: dict, cfg: ModelConfig, mask_token_ids
     """Write a PARD draft as an HF Llama directory (tokenizer.json with the masks as special tokens), config.json
     also recording pard_mask_token_ids and specjax_drafter = "pard" (so load_model and available_drafters know
     it is a drafter)."""
-    from specjax.models.hf_io import save_pretrained
     path = os.fspath(path)
     save_pretrained(jax.device_get(params), cfg, path, tokenizer=tokenizer, dtype=dtype)
     cfg_path = os.path.join(path, "config.json")
@@ -151,9 +154,7 @@ def save(path: str | os.PathLike, params: dict, cfg: ModelConfig, mask_token_ids
 
 def load(path_or_name: str | os.PathLike, dtype=jnp.float32) -> PardModel:
     """A PARD draft directory or shipped name -> PardModel; refuses a directory without mask tokens."""
-    from specjax.api import Model
-    from specjax.models.hf_io import load_pretrained
-    path = artifacts.resolve(path_or_name)
+    path = resolve(path_or_name, "drafter")
     with open(os.path.join(path, "config.json")) as f:
         ids = json.load(f).get(CONFIG_KEY)
     if not ids or not isinstance(ids, list):
@@ -188,17 +189,15 @@ def check(target, pard: PardModel, k: int) -> None:
                          f"{len(ids) + 1} tokens per step; num_speculative_tokens={k} needs {k - 1}")
 
 
-def _load(target, path_or_name) -> PardModel:
+def _load(target: Model, path_or_name: str) -> PardModel:
     return load(path_or_name)
 
 
 def _build(req: BuildRequest):
     pard = req.drafter
-    if isinstance(pard, (str, os.PathLike)):
-        pard = load(pard)
-    if not isinstance(pard, PardModel):
+    if pard is None:
         raise TypeError("method='pard' needs drafter=<a PARD draft directory, a shipped name such as "
-                        f"'stdlib-draft-pard', or specjax.drafters.pard.load(...)>, got {type(pard).__name__}")
+                        "'stdlib-draft-pard', or specjax.drafters.pard.load(...)>, got None")
     k = req.config.k
     check(req.target, pard, k)
     # 2k extra slots: a block that starts at 0 for a short row can reach past the target's buffer.
@@ -207,4 +206,4 @@ def _build(req: BuildRequest):
 
 
 register(DrafterSpec("pard", _build, accepts="a PARD draft directory, shipped name or pard.load(...)", load=_load,
-                     prepare_params=_prepare_params, param_specs=_param_specs))
+                     artifact=PardModel, prepare_params=prepare_llama_params, param_specs=llama_param_specs))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.ngram import continuation, match_ends
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.inputs import encode_all, right_pad
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,6 @@ class PredictedDrafter:
 
 
 def _build(req: BuildRequest):
-    from specjax.api import encode_all, right_pad
     preds = req.drafter
     if preds is None or isinstance(preds, (str, bytes)) or not hasattr(preds, "__len__") \
             or len(preds) != len(req.prompts):

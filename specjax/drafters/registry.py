@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pkgutil
-from typing import Any, Callable, Mapping, NamedTuple
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+
+from specjax.models.model import Model
+
+if TYPE_CHECKING:   # type hints only: specjax.config validates against this registry, so it imports this module
+    from specjax.config import SpecConfig
 
 # Fields every method reads: the loop's own settings.
 COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "top_p", "max_new_tokens",
@@ -33,13 +40,14 @@ class Option(NamedTuple):
 
 
 class BuildRequest(NamedTuple):
-    """What a builder gets: the validated config, the target (a specjax Model), the user's `drafter=` argument
-    (a loaded artifact, a directory, a shipped name, predictions, ... or None), the prompts as token ids, and
-    the length of the loop's token/KV buffers."""
-    config: Any
-    target: Any
+    """What a builder gets: the validated config, the target, the user's `drafter=` argument (for a method with
+    an artifact, already loaded by build(): a directory or shipped name arrives as the loaded artifact;
+    predictions, ... or None otherwise), the prompts as token ids, and the length of the loop's token/KV
+    buffers."""
+    config: SpecConfig
+    target: Model
     drafter: Any
-    prompts: list
+    prompts: list[list[int]]
     buffer_len: int
 
 
@@ -51,9 +59,11 @@ class DrafterSpec:
     # bad input.
     build: Callable[[BuildRequest], tuple[Any, Any]]
     accepts: str = "nothing"             # what drafter= takes, for error messages and docs
-    # (target, a directory or shipped name) -> the loaded artifact build() also accepts; lets a caller that runs
-    # many generate() calls load once. None: the method has no artifact to load.
-    load: Callable[[Any, str], Any] | None = None
+    # (target, a directory or shipped name) -> the loaded artifact, an instance of `artifact`; build() runs it on
+    # a path or name, so a builder only ever sees the loaded artifact. A caller that runs many generate() calls
+    # loads once with it and passes the artifact. None: the method has no artifact to load.
+    load: Callable[[Model, str], Any] | None = None
+    artifact: type | tuple[type, ...] | None = None   # the type of a loaded artifact (checked by build())
     reads: tuple[str, ...] = ()          # SpecConfig fields read besides COMMON_FIELDS (and TREE_FIELDS if trees)
     options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
     trees: bool = False                  # can propose token trees (static tree_choices or a dynamic tree)
@@ -104,12 +114,11 @@ def _discover() -> None:
     if _discovered:
         return
     _discovered = True
-    import warnings
-    import specjax.drafters as pkg
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    package = __name__.rsplit(".", 1)[0]              # specjax.drafters; its modules register themselves
+    for mod in pkgutil.iter_modules([os.path.dirname(__file__)]):
         if mod.name != "registry":
             try:
-                importlib.import_module(f"{pkg.__name__}.{mod.name}")
+                importlib.import_module(f"{package}.{mod.name}")
             except Exception as e:       # one broken drafter must not take every other method down with it
                 _BROKEN[mod.name] = f"{type(e).__name__}: {e}"
                 warnings.warn(f"specjax drafter module {mod.name!r} failed to import ({_BROKEN[mod.name]}); its "
@@ -132,3 +141,23 @@ def get(method: str) -> DrafterSpec:
         broken = "".join(f"; drafter module {m!r} failed to import: {e}" for m, e in _BROKEN.items())
         raise ValueError(f"unknown speculative method {method!r}; choose one of {methods()}{broken}")
     return _REGISTRY[method]
+
+
+def build(req: BuildRequest) -> tuple[Any, Any]:
+    """-> (static drafter object, its array params) from the method's builder. A directory or shipped name given
+    as drafter= to a method with an artifact is loaded here (the spec's load), and whatever arrives is checked
+    against the spec's artifact type, so every builder receives a loaded artifact (or None)."""
+    spec = get(req.config.method)
+    drafter = req.drafter
+    if spec.load is not None and isinstance(drafter, (str, os.PathLike)):
+        drafter = spec.load(req.target, os.fspath(drafter))
+    if spec.artifact is not None and drafter is not None and not isinstance(drafter, spec.artifact):
+        raise TypeError(f"method={spec.method!r} takes drafter= {spec.accepts}; got {type(drafter).__name__}")
+    return spec.build(req._replace(drafter=drafter))
+
+
+def finish(req: BuildRequest, outputs: list[list[int]]) -> None:
+    """Hand a call's outputs to the method's `finish` hook, if it has one (a drafter that learns across calls)."""
+    hook = get(req.config.method).finish
+    if hook is not None:
+        hook(req, outputs)

@@ -1,7 +1,8 @@
-"""Llama-family models: config, pure-function forward, Hugging Face checkpoint I/O."""
+"""Llama-family models: config, pure-function forward, checkpoint I/O, and the loaded Model."""
 from specjax.models.config import ModelConfig
-from specjax.models.hf_io import load_pretrained, save_pretrained
+from specjax.models.hf_io import SafetensorsFile, load_pretrained, save_pretrained
 from specjax.models.llama import ForwardOut, forward, full_logits, init_params
+from specjax.models.model import Model, load_model
 
-__all__ = ["ModelConfig", "ForwardOut", "forward", "init_params", "full_logits", "load_pretrained",
-           "save_pretrained"]
+__all__ = ["ModelConfig", "ForwardOut", "Model", "SafetensorsFile", "forward", "init_params", "full_logits",
+           "load_model", "load_pretrained", "save_pretrained"]

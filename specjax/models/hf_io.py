@@ -19,10 +19,14 @@ import os
 import struct
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
 
+from specjax.layout import axis_size, fit_spec, layout_axis, layout_index, leaf_spec, logical_params, plan_layout, \
+    take_entries, validate_mesh
 from specjax.models.config import ModelConfig
 
 CONFIG_NAME = "config.json"
@@ -76,7 +80,7 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # ----------------------------------------------------------------------------------------- safetensors reading
 
-class _SafetensorsFile:
+class SafetensorsFile:
     """Minimal validated reader: header parsed eagerly, tensors memory-mapped on demand."""
 
     def __init__(self, path: str):
@@ -134,11 +138,11 @@ class _SafetensorsFile:
         return np.frombuffer(buf, dtype=np_dt).reshape(shape)
 
 
-def _open_weights(path: str) -> dict[str, _SafetensorsFile]:
+def _open_weights(path: str) -> dict[str, SafetensorsFile]:
     """HF tensor name -> the file holding it."""
     single, index = os.path.join(path, WEIGHTS_NAME), os.path.join(path, INDEX_NAME)
     if os.path.isfile(single):
-        f = _SafetensorsFile(single)
+        f = SafetensorsFile(single)
         return {k: f for k in f.keys()}
     if os.path.isfile(index):
         try:
@@ -150,7 +154,7 @@ def _open_weights(path: str) -> dict[str, _SafetensorsFile]:
         missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
         if missing:
             raise FileNotFoundError(f"index file {index} names shard(s) that do not exist in {path}: {missing}")
-        files = {s: _SafetensorsFile(os.path.join(path, s)) for s in shards}
+        files = {s: SafetensorsFile(os.path.join(path, s)) for s in shards}
         out = {}
         for name, shard in weight_map.items():
             if name not in files[shard].entries:
@@ -212,12 +216,16 @@ def load_tokenizer(path: str, cfg: ModelConfig | None = None):
     return tok
 
 
-def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True, place=None):
+def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True, mesh: Mesh | None = None):
     """Read a Hugging Face Llama/Mistral/Qwen2 checkpoint directory -> (params, ModelConfig, tokenizer or None).
-    place(leaf_key, lazy memory-mapped array) -> jax.Array, if given, puts each tensor on devices itself
-    (specjax.sharding.load_pretrained_sharded: each device copies only its slice)."""
+    mesh: a ("data", "model") mesh (specjax.sharding.make_mesh); each tensor then goes straight into its layout
+    on it (specjax.layout), each device copying only its own slice, after the config is checked against the mesh
+    and before any weight is read."""
     path = os.fspath(path)
     cfg = load_config(path)
+    if mesh is not None:
+        validate_mesh(cfg, mesh)
+    place = None if mesh is None else _placer(mesh, dtype, cfg)
     tensors = _open_weights(path)
     # Base-model exports (LlamaModel) drop the "model." prefix; accept them.
     if "model.embed_tokens.weight" not in tensors and "embed_tokens.weight" in tensors:
@@ -259,6 +267,33 @@ def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True
     return params, cfg, tok
 
 
+def _placer(mesh: Mesh, dtype, cfg: ModelConfig):
+    """place(leaf key, host array) -> sharded jax.Array in the mesh's Layout of cfg. The host array may be a
+    lazy memory-mapped (and transposed) view: each device's callback copies only the source rows of its own
+    slice (padding rows are zeros, replicated kv heads copied from their one source), so no device, and no
+    host buffer, ever holds the whole tensor."""
+    np_dtype = np.dtype(dtype)
+    lay = plan_layout(cfg, axis_size(mesh, "model"), devices=mesh.size)
+
+    def place(key: str, a: np.ndarray) -> jax.Array:
+        axis = layout_axis(key)
+        hit = layout_index(key, a.shape[axis], cfg, lay) if axis is not None else None
+        shape = tuple(a.shape) if hit is None else a.shape[:axis] + (len(hit[1]),) + a.shape[axis + 1:]
+        sharding = NamedSharding(mesh, fit_spec(leaf_spec(key), shape, mesh))
+
+        def slice_of(index):
+            if hit is None:
+                return np.asarray(a[index], dtype=np_dtype)
+            index = tuple(index) + (slice(None),) * (a.ndim - len(index))
+            src = hit[1][index[axis]]                                 # source entries of this slice, -1: pad
+            valid = src[src >= 0]
+            lo, hi = (int(valid.min()), int(valid.max()) + 1) if valid.size else (0, 1)
+            block = np.asarray(a[index[:axis] + (slice(lo, hi),) + index[axis + 1:]], dtype=np_dtype)
+            return take_entries(block, axis, np.where(src >= 0, src - lo, -1))
+        return jax.make_array_from_callback(shape, sharding, slice_of)
+    return place
+
+
 # ----------------------------------------------------------------------------------------------------- saving
 
 def _to_hf_tensors(params: dict, cfg: ModelConfig, np_dtype) -> dict[str, np.ndarray]:
@@ -272,7 +307,6 @@ def _to_hf_tensors(params: dict, cfg: ModelConfig, np_dtype) -> dict[str, np.nda
 
     if len(params["layers"]) != cfg.num_layers:
         raise ValueError(f"params have {len(params['layers'])} layers but cfg.num_layers={cfg.num_layers}")
-    from specjax.sharding import logical_params
     params = logical_params(params, cfg)          # a model placed under a mesh: padding and kv copies dropped
     out = {"model.embed_tokens.weight": conv(params["embed"], False)}
     for i, lp in enumerate(params["layers"]):

@@ -1,0 +1,83 @@
+"""Shipped checkpoints by name, and the user cache for models converted at first use.
+
+Shipped checkpoints (the toy target and draft models, trained drafter artifacts) are directories holding a
+config.json; a drafter artifact's names its method (`specjax_drafter`). They are found, in this order, under
+  $SPECJAX_CHECKPOINTS                         (a directory of them, set by the user),
+  the checkout's checkpoints/                  (an editable install or a clone on sys.path),
+  <sys.prefix>/share/specjax/checkpoints       (where a wheel install puts them; setup.py's data_files).
+Converted models (e.g. a GGUF file dequantized to an HF directory) go to the user cache: $SPECJAX_CACHE, else
+$XDG_CACHE_HOME/specjax, else ~/.cache/specjax.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SHIPPED_ENV = "SPECJAX_CHECKPOINTS"
+CACHE_ENV = "SPECJAX_CACHE"
+CONFIG_NAME = "config.json"
+DRAFTER_KEY = "specjax_drafter"        # the config.json field naming a drafter artifact's method
+
+
+def shipped_dir() -> str | None:
+    """The first existing directory of shipped checkpoints (see the module docstring), or None."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for d in (os.environ.get(SHIPPED_ENV), os.path.join(here, "checkpoints"),
+              os.path.join(sys.prefix, "share", "specjax", "checkpoints")):
+        if d and os.path.isdir(d):
+            return d
+    return None
+
+
+def cache_dir() -> str:
+    """The user cache for converted models (created on first use)."""
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specjax")
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def artifact_kind(path: str) -> str | None:
+    """The method of the drafter artifact in directory `path`, None for a model or a config.json that does not
+    parse (the model loader reports that)."""
+    try:
+        with open(os.path.join(path, CONFIG_NAME)) as f:
+            return json.load(f).get(DRAFTER_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _shipped() -> list[tuple[str, str | None]]:
+    """(name, drafter method or None for a model) of every shipped directory with a config.json."""
+    root = shipped_dir()
+    if root is None:
+        return []
+    return [(d, artifact_kind(os.path.join(root, d))) for d in sorted(os.listdir(root))
+            if os.path.isfile(os.path.join(root, d, CONFIG_NAME))]
+
+
+def available_models() -> list[str]:
+    """Shipped target / draft models (HF directories); drafter artifacts are listed by available_drafters()."""
+    return [name for name, kind in _shipped() if kind is None]
+
+
+def available_drafters(method: str | None = None) -> list[str]:
+    """Shipped drafter artifacts (of `method` when given), usable as drafter=<name> with their method."""
+    return [name for name, kind in _shipped() if kind is not None and (method is None or kind == method)]
+
+
+def resolve(path_or_name: str | os.PathLike, kind: str) -> str:
+    """A directory, or the name of a shipped checkpoint -> its directory. kind: "model" or "drafter" (what the
+    caller wants; the error lists the shipped checkpoints of that kind)."""
+    if kind not in ("model", "drafter"):
+        raise ValueError(f"kind must be 'model' or 'drafter', got {kind!r}")
+    path = os.fspath(path_or_name)
+    if os.path.isdir(path):
+        return path
+    root = shipped_dir()
+    if root is not None and os.path.isdir(os.path.join(root, path)):
+        return os.path.join(root, path)
+    shipped = available_models() if kind == "model" else available_drafters()
+    raise FileNotFoundError(f"no {kind} directory {path!r} and no shipped {kind} of that name (shipped "
+                            f"{kind}s: {shipped})")

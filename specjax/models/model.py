@@ -1,0 +1,58 @@
+"""Model (a loaded target or draft model: config, params, tokenizer) and load_model()."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from specjax import checkpoints
+from specjax.models.config import ModelConfig
+from specjax.models.hf_io import load_pretrained
+from specjax.models.llama import full_logits
+
+
+@dataclasses.dataclass
+class Model:
+    config: ModelConfig
+    params: dict
+    tokenizer: Any = None           # tokenizers.Tokenizer or None
+    name: str = ""
+
+    def logits(self, tokens) -> jax.Array:
+        """Full forward, no cache: int32 [B, T] -> float32 [B, T, V]."""
+        return _full_logits(self.params, self.config, jnp.asarray(tokens, jnp.int32))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text -> token ids (the model's own tokenizer)."""
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.name!r} has no tokenizer; pass token-id lists instead of strings")
+        return self.tokenizer.encode(text).ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Token ids -> text ("" without a tokenizer)."""
+        return self.tokenizer.decode(list(ids)) if self.tokenizer is not None else ""
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.config.eos_token_id
+
+
+_full_logits = jax.jit(full_logits, static_argnums=1)
+
+
+def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None) -> Model:
+    """A Hugging Face Llama/Qwen2/Mistral directory, or the name of a shipped model (specjax.checkpoints).
+    mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
+    the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
+    and generate(mesh=...) places it, dims the axis does not divide replicated)."""
+    path = checkpoints.resolve(path_or_name, "model")
+    kind = checkpoints.artifact_kind(path)
+    if kind is not None:
+        raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
+                         f"generate(..., SpecConfig(method={kind!r}), drafter={os.fspath(path_or_name)!r})")
+    params, cfg, tokenizer = load_pretrained(path, dtype=dtype, mesh=mesh)
+    return Model(cfg, params, tokenizer, os.path.basename(os.path.normpath(path)))
