@@ -1,4 +1,5 @@
-"""Measured costs that the analytic speedup model needs: target forward over T positions at a given context, and
+"""The experiments' one timer (fastest_seconds; fastest_alternating for candidates timed side by side) and the
+measured costs that the analytic speedup model needs: target forward over T positions at a given context, and
 one drafter proposal.
 
 Each cost is measured the way the decode loop pays it: `inner` calls chained inside ONE jitted lax.fori_loop
@@ -9,18 +10,28 @@ which on a ~1 ms CPU step inflates the verify-cost ratio and c.
 from __future__ import annotations
 
 import time
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax import api
 from specjax.cache import KVCache
+from specjax.config import SpecConfig
+from specjax.decode import target_exposure
 from specjax.drafters.base import Context
 from specjax.models.llama import forward
 
 
-def fastest_seconds(fn, reps: int, fresh_input=None) -> float:
+def _seconds(call: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = call()
+    return time.perf_counter() - t0, result
+
+
+def fastest_seconds(fn: Callable, reps: int, fresh_input: Callable[[], Any] | None = None) -> float:
     """fn() timed `reps` times after a first call. fresh_input: made before each call, off the clock, and passed
     to fn (an input fn donates: each call needs its own)."""
     call = fn if fresh_input is None else lambda: fn(fresh_input())
@@ -28,11 +39,26 @@ def fastest_seconds(fn, reps: int, fresh_input=None) -> float:
     times = []
     for _ in range(reps):
         args = () if fresh_input is None else (fresh_input(),)
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
+        times.append(_seconds(lambda: fn(*args))[0])
     # The fastest run: on a shared machine the slower ones measure the neighbours, not the code.
     return float(np.min(times))
+
+
+def fastest_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int,
+                        warmup: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+    """Candidates timed side by side: `rounds` rounds that call each one once in turn, the fastest time of each
+    kept, so drift in a shared machine's speed hits every candidate alike (one after the other, a slow spell
+    would be charged to whichever ran in it). warmup: each called once, untimed, first (it compiles); a caller
+    that compiles otherwise passes False (a drafter that learns from its outputs must not see them before the
+    timed call). -> (fastest seconds by name, each name's first result)."""
+    results = {name: call() for name, call in calls.items()} if warmup else {}
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            seconds, result = _seconds(call)
+            best[name] = min(best[name], seconds)
+            results.setdefault(name, result)
+    return best, results
 
 
 def _per_call_seconds(one_call, args, inner: int, reps: int) -> float:
@@ -72,7 +98,6 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
     tokens. The drafter's state comes from its own init() on a random prompt (with the target's prefill output
     and the target weights it declares), so any registered drafter is measured the way the loop runs it.
     Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
-    from specjax.decode import target_exposure
     cfg = model.config
     buffer_len = max(context + 2 * drafter.num_tokens + 8, cache_size or 0)
     rng = np.random.default_rng(0)
@@ -101,7 +126,6 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
                  cache_size: int | None = None, inner: int = 4) -> float:
     """One drafter.init call after a prompt of prompt_len tokens (e.g. a draft model's own prefill; ~0 for
     drafters with no state). The target's prefill is not included: forward_seconds measures it."""
-    from specjax.decode import target_exposure
     cfg = model.config
     buffer_len = max(prompt_len + 2 * drafter.num_tokens + 8, cache_size or 0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
@@ -119,15 +143,15 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
     return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps)
 
 
-def prefill_seconds(model, ids: list[list[int]], buffer_len: int, reps: int = 5, **generate_kw) -> float:
+def prefill_seconds(model, ids: list[list[int]], buffer_len: int, reps: int = 5, **prepare_kw) -> float:
     """The target's prefill of these prompts as generate() runs it (rows cut into length groups, each prefilled at
-    its own width) at buffer_len cache slots, with a call's fixed host costs: the fastest of `reps` plain greedy
-    generate() calls producing one token. A single forward over every prompt padded to the longest overstates
-    the grouped prefill of a ragged batch. generate_kw: generate()'s (pad_to, prefill_groups)."""
-    import specjax
-    from specjax import SpecConfig
+    its own width) at buffer_len cache slots, with a run's fixed host costs: the fastest of `reps` runs of one
+    prepared plain greedy call producing one token (specjax.api.run, as the experiments time a call). A single
+    forward over every prompt padded to the longest overstates the grouped prefill of a ragged batch.
+    prepare_kw: prepare()'s (pad_to, prefill_groups)."""
     config = SpecConfig(max_new_tokens=1, stop_at_eos=False, max_cache_len=buffer_len)
-    return fastest_seconds(lambda: specjax.generate(model, ids, config, **generate_kw), reps)
+    prepared = api.prepare(model, ids, config, **prepare_kw)
+    return fastest_seconds(lambda: api.run(prepared), reps)
 
 
 def machine_roofline(reps: int = 5) -> tuple[float, float]:
