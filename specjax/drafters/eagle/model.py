@@ -1,0 +1,166 @@
+"""The EAGLE layer's maths as pure functions over its params: the pieces the drafter runs against its KV cache
+(embed_table, layer_inputs, project_qkv, layer_output, project_features, draft_logits) and the cache-free forwards
+training uses: forward_sequence (teacher-forced over a whole sequence), ttt_forward and ttt_mask (EAGLE-3's
+training-time test: the drafter unrolled over its own outputs)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafters.eagle.config import EagleConfig
+from specjax.models.config import ModelConfig
+from specjax.models.llama import apply_rope, rms_norm, rope_inv_freq
+
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def _mlp(lp: dict, x: jax.Array) -> jax.Array:
+    return (jax.nn.silu(x @ lp["w_gate"]) * (x @ lp["w_up"])) @ lp["w_down"]
+
+
+def layer_inputs(params: dict, config: EagleConfig, emb: jax.Array,
+                 hid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(embeddings, hidden inputs) [B, T, H] -> (residual [B, T, H], attention input [B, T, Hin])."""
+    lp, eps = params["layer"], config.layer.rms_norm_eps
+    if config.kind == "eagle":
+        x = jnp.concatenate([emb, hid], -1) @ params["fc_w"] + params["fc_b"]
+        return x, x                                                   # no input norm on the reference's layer 0
+    hn = rms_norm(hid, lp["hidden_norm"], eps)
+    resid = hn if config.norm_before_residual else hid
+    return resid, jnp.concatenate([rms_norm(emb, lp["attn_norm"], eps), hn], -1)
+
+
+def project_qkv(lp: dict, c: ModelConfig, x: jax.Array,
+                positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Attention input x [B, T, Hin] at RoPE positions [B, T] -> q [B, T, Hq, D], k and v [B, T, Hkv, D]."""
+    B, T = x.shape[:2]
+    q, k, v = x @ lp["wq"], x @ lp["wk"], x @ lp["wv"]
+    if "bq" in lp:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    inv = rope_inv_freq(c)
+    q = apply_rope(q.reshape(B, T, c.num_heads, c.head_dim), positions, inv)
+    k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.head_dim), positions, inv)
+    return q, k, v.reshape(B, T, c.num_kv_heads, c.head_dim)
+
+
+def layer_output(params: dict, config: EagleConfig, resid: jax.Array, attn: jax.Array) -> jax.Array:
+    """attn [B, T, Hq*D] (before o_proj) -> the layer output [B, T, H] (pre-norm)."""
+    lp = params["layer"]
+    x = resid + attn @ lp["wo"]
+    return x + _mlp(lp, rms_norm(x, lp["mlp_norm"], config.layer.rms_norm_eps))
+
+
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask) -> jax.Array:
+    """q [B, T, Hq, D], k/v [B, S, Hkv, D], mask bool [T, S] (query t may read key s) -> [B, T, Hq*D]."""
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(B, T, Hkv, Hq // Hkv, D)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * D ** -0.5
+    s = jnp.where(jnp.asarray(mask), s, _MASK_VALUE)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
+    return o.reshape(B, T, Hq * D).astype(q.dtype)
+
+
+def embed_table(params: dict, target_weights) -> jax.Array:
+    """The drafter's own [V, H] embedding when it has one, else the target's (target_weights["embed"])."""
+    if "embed" in params:
+        return params["embed"]
+    if not target_weights or "embed" not in target_weights:
+        raise ValueError("this EAGLE drafter has no embedding of its own: pass target_weights={'embed': ...}")
+    return target_weights["embed"]
+
+
+def project_features(params: dict, config: EagleConfig, features) -> jax.Array:
+    """The drafter's step-0 hidden input from target features. EAGLE-1: the target's final normed hidden state
+    [B, T, H] itself. EAGLE-3: fc(concat(target layer outputs)): `features` a sequence of [B, T, H_t] (in
+    config.target_layers order) or their concatenation [B, T, n*H_t] -> [B, T, H]."""
+    dtype = params["fc_w"].dtype
+    if config.kind == "eagle":
+        return jnp.asarray(features).astype(dtype)
+    if isinstance(features, (tuple, list)):
+        features = jnp.concatenate(features, -1)
+    return features.astype(dtype) @ params["fc_w"]
+
+
+def draft_logits(params: dict, config: EagleConfig, hidden: jax.Array, target_weights=None) -> jax.Array:
+    """Layer outputs [..., H] -> float32 logits: EAGLE-1 [..., V] through the target's LM head
+    (target_weights["lm_head"] [H, V]); EAGLE-3 [..., N] over the DRAFT vocabulary (norm, own lm_head)."""
+    if config.kind == "eagle":
+        if not target_weights or "lm_head" not in target_weights:
+            raise ValueError("EAGLE-1 drafts through the target's LM head: pass target_weights={'lm_head': ...}")
+        return (hidden @ target_weights["lm_head"]).astype(jnp.float32)
+    h = rms_norm(hidden, params["final_norm"], config.layer.rms_norm_eps)
+    return (h @ params["lm_head"]).astype(jnp.float32)
+
+
+def forward_sequence(params: dict, config: EagleConfig, tokens: jax.Array, features,
+                     target_weights: dict | None = None,
+                     positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced drafter over whole sequences (training EAGLE-1, and step 0 of EAGLE-3), no cache.
+
+    Entry t pairs tokens[:, t] with features[:, t] at RoPE position t (positions [B, T] to override), causal
+    attention. The inference alignment is tokens = ids[:, 1:], features = the target's features of ids[:, :-1]
+    (EAGLE-1: ForwardOut.hidden; EAGLE-3: the layer_hidden of config.target_layers): then hidden[:, t] regresses
+    the target feature of position t + 1 (EAGLE-1: hidden_target[:, t + 1]) and logits[:, t] predict
+    ids[:, t + 2] (the target's distribution at position t + 1).
+    Returns (hidden [B, T, H] pre-norm, logits [B, T, V] (EAGLE-1) or [B, T, N] draft vocab (EAGLE-3)).
+    target_weights: {"embed": [V, H]} unless the drafter has its own, and EAGLE-1's {"lm_head": [H, V]}.
+    """
+    B, T = tokens.shape
+    hid = project_features(params, config, features)
+    emb = embed_table(params, target_weights)[tokens].astype(hid.dtype)
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    resid, x_in = layer_inputs(params, config, emb, hid)
+    q, k, v = project_qkv(params["layer"], config.layer, x_in, positions)
+    out = layer_output(params, config, resid, _dense_attention(q, k, v, np.tril(np.ones((T, T), bool))))
+    return out, draft_logits(params, config, out, target_weights)
+
+
+def ttt_mask(seq_len: int, num_steps: int) -> np.ndarray:
+    """Training-time-test attention mask, bool [n*T, n*T]; row i*T + t is step i's query at index t, column
+    s*T + j is step s's key at index j. Visible: every step-0 key j <= t (causal over the real features) and,
+    for 1 <= s <= i, step s's key at the same index t (the drafted entries of the chain that index t continues).
+    Step i at index t stands for sequence entry t + i drafted i steps past the real entries 0..t, exactly what
+    inference attends to (RoPE position t + i)."""
+    T, n = int(seq_len), int(num_steps)
+    i = np.repeat(np.arange(n), T)[:, None]
+    t = np.tile(np.arange(T), n)[:, None]
+    s = np.repeat(np.arange(n), T)[None, :]
+    j = np.tile(np.arange(T), n)[None, :]
+    return ((s == 0) & (j <= t)) | ((s >= 1) & (s <= i) & (j == t))
+
+
+def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, num_steps: int,
+                target_weights: dict | None = None, pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
+    """EAGLE-3's training-time test: the drafter unrolled for num_steps steps over a whole sequence.
+
+    Step 0 is forward_sequence (same alignment: tokens = ids[:, 1:], features of ids[:, :-1]). Step i > 0 consumes
+    step i-1's output (pre-norm) as its hidden input, with ground-truth token embeddings shifted by i
+    (tokens[:, t + i]; pad_id past the end), RoPE positions t + i and the attention of ttt_mask. Output i at index t
+    predicts the same target as forward_sequence's output at index t + i (logits: ids[:, t + i + 2]); indices
+    t >= T - i are padding. Works for both kinds (EAGLE-1 unrolls through fc the same way).
+    Returns (hidden [n, B, T, H], logits [n, B, T, V or N]).
+    """
+    B, T = tokens.shape
+    n = int(num_steps)
+    hid = project_features(params, config, features)
+    table = embed_table(params, target_weights)
+    mask = ttt_mask(T, n)
+    padded = jnp.concatenate([tokens, jnp.full((B, n), pad_id, tokens.dtype)], axis=1)
+    ks, vs, outs = [], [], []
+    for i in range(n):
+        emb = table[padded[:, i:i + T]].astype(hid.dtype)
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + i, (B, T))
+        resid, x_in = layer_inputs(params, config, emb, hid)
+        q, k, v = project_qkv(params["layer"], config.layer, x_in, positions)
+        ks.append(k)
+        vs.append(v)
+        o = _dense_attention(q, jnp.concatenate(ks, 1), jnp.concatenate(vs, 1),
+                             mask[i * T:(i + 1) * T, :(i + 1) * T])
+        hid = layer_output(params, config, resid, o)
+        outs.append(hid)
+    hidden = jnp.stack(outs)
+    return hidden, draft_logits(params, config, hidden, target_weights)
