@@ -5,9 +5,11 @@
 
 Edit the cells here, not in the .ipynb files: every notebook shares the parameters convention (the first code cell
 is tagged "parameters", papermill-style, with CI-sized defaults and the Colab-scale values in comments;
-tests/test_notebooks.py injects its own values in a cell after it) and the same setup cell (clone + install on
-Colab, otherwise run from the repository root). Cell ids are derived from the notebook name and the cell's
-position, so rebuilding an unchanged source rewrites identical files.
+tests/test_notebooks.py injects its own values in a cell after it, and whose last parameter, INSTALL_SOURCE, says
+where specjax comes from outside a checkout) and the same setup cell (inside a checkout: run from its root; elsewhere,
+e.g. on Colab: clone a git URL or install a pip requirement given as INSTALL_SOURCE, or stop and say to set it).
+Cell ids are derived from the notebook name and the cell's position, so rebuilding an unchanged source rewrites
+identical files.
 """
 from __future__ import annotations
 
@@ -18,10 +20,6 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# Where Colab clones the repository from: a placeholder, set it to the repository's public address (the notebooks'
-# REPO_URL parameter can also be edited in Colab before running).
-REPO_URL = "https://github.com/OWNER/specjax.git"
 
 
 def md(text: str) -> tuple[str, str]:
@@ -38,31 +36,81 @@ def parameters(text: str) -> tuple[str, str, tuple[str, ...]]:
 
 # --------------------------------------------------------------------------------------------- shared cells
 
-SETUP = code(r'''
-# Setup. On Colab: clone the repository and install it (skipped everywhere else). Elsewhere: find the repository
-# root above the current directory. Either way the notebook then runs from the root, so shipped names
-# ("stdlib-target"), runs/ and `python -m experiments...` / `python -m train...` resolve as in the README.
-import os, sys
+# Outside a checkout, where specjax comes from: a parameter of every notebook (the end of its parameters cell).
+INSTALL_SOURCE_PARAMETER = """
+# Where specjax comes from outside a checkout (Colab; inside one it is not used): a git URL of your fork, e.g.
+# "https://github.com/<you>/specjax.git" (cloned, then installed), or the path of a checkout{package}.
+INSTALL_SOURCE = ""
+"""
+
+
+def install_source_parameter(needs_checkout: bool) -> str:
+    package = "" if needs_checkout else ', or a pip\n# requirement for the package alone (a wheel, "git+https://...")'
+    return INSTALL_SOURCE_PARAMETER.format(package=package).strip("\n")
+
+
+SETUP_SOURCE = r'''
+# Setup: run from the repository root, so that shipped names ("stdlib-target"), runs/ and `python -m experiments...` /
+# `python -m train...` resolve as in the README. Inside a checkout nothing is installed; elsewhere (Colab)
+# INSTALL_SOURCE says where specjax comes from.
+import importlib.util, os, subprocess, sys
 
 if BACKEND:                                    # must be set before jax is first imported (here or in a subprocess)
     os.environ["JAX_PLATFORMS"] = BACKEND
 IN_COLAB = "google.colab" in sys.modules
-if IN_COLAB:
-    REPO_DIR = "/content/specjax"
-    if not os.path.isdir(REPO_DIR):
+# True: this notebook runs the repository's train/ or experiments/, which the installed package does not hold.
+NEEDS_CHECKOUT = {needs_checkout}
+
+
+def find_checkout(start):
+    """The repository root at or above `start`, or None."""
+    path = os.path.abspath(start)
+    while not os.path.isfile(os.path.join(path, "specjax", "__init__.py")):
+        if os.path.dirname(path) == path:
+            return None
+        path = os.path.dirname(path)
+    return path
+
+
+def install(source):
+    """A git URL is cloned (once, into the current directory) and installed editable, as is a checkout's path;
+    anything else goes to pip as a requirement. -> the checkout, or None."""
+    if source.startswith(("https://", "http://", "git@", "ssh://")) and not source.endswith((".whl", ".tar.gz")):
+        checkout = os.path.abspath(os.path.basename(source.rstrip("/")).removesuffix(".git"))
+        if not os.path.isdir(checkout):
+            subprocess.run(["git", "clone", "--depth", "1", source, checkout], check=True)
+        source = checkout
+    if os.path.isfile(os.path.join(source, "specjax", "__init__.py")):
         # On a TPU runtime, if jax.devices() later shows only a CPU, also `pip install -U "jax[tpu]"`.
-        !git clone --depth 1 {REPO_URL} {REPO_DIR} && pip install -q -e "{REPO_DIR}[experiments]"
-else:
-    REPO_DIR = os.path.abspath(os.getcwd())
-    while not os.path.isfile(os.path.join(REPO_DIR, "specjax", "__init__.py")):
-        if os.path.dirname(REPO_DIR) == REPO_DIR:
-            raise FileNotFoundError("run this notebook from inside the specjax repository (or on Colab)")
-        REPO_DIR = os.path.dirname(REPO_DIR)
-os.chdir(REPO_DIR)
-if REPO_DIR not in sys.path:                   # importable now, without restarting the kernel after `pip install -e`
-    sys.path.insert(0, REPO_DIR)
-print("repository:", REPO_DIR, "| Colab:", IN_COLAB)
-''')
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", source + "[experiments]"], check=True)
+        return os.path.abspath(source)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
+    return None
+
+
+REPO_DIR = find_checkout(os.getcwd())
+if REPO_DIR is None and INSTALL_SOURCE:
+    REPO_DIR = install(INSTALL_SOURCE)
+if REPO_DIR is None and (NEEDS_CHECKOUT or importlib.util.find_spec("specjax") is None):
+    raise RuntimeError(
+        "This notebook needs " + ("a checkout of the specjax repository (it runs train/ or experiments/)"
+                                  if NEEDS_CHECKOUT else "specjax, which is not installed here")
+        + ". Set INSTALL_SOURCE in the parameters cell to a git URL of your fork (e.g. "
+        "\"https://github.com/<you>/specjax.git\") or the path of a checkout"
+        + ("" if NEEDS_CHECKOUT else ", or to a pip requirement for specjax (a wheel's path, \"git+https://...\")")
+        + ", and run the notebook again; or open it from inside a checkout.")
+if REPO_DIR is not None:
+    os.chdir(REPO_DIR)
+    if REPO_DIR not in sys.path:               # importable now, without restarting the kernel after `pip install -e`
+        sys.path.insert(0, REPO_DIR)
+print("repository:", REPO_DIR or "none (specjax installed as a package)", "| Colab:", IN_COLAB)
+'''
+
+
+def setup(needs_checkout: bool) -> tuple[str, str, tuple[str, ...]]:
+    """The setup cell. needs_checkout: the notebook runs train/ or experiments/, which a pip-installed specjax
+    does not include."""
+    return code(SETUP_SOURCE.replace("{needs_checkout}", repr(needs_checkout)))
 
 # A subprocess runner for the notebooks that drive the repository's command-line tools (train/, experiments/).
 # They run as subprocesses, not in the kernel: absl flags are process-global, and on a TPU only one process may
@@ -100,10 +148,11 @@ pass, and the longest agreeing prefix plus one target token is kept. specjax run
 jit-compiled `lax.while_loop`, and its output is exactly the target's: with greedy decoding the speculative tokens
 are the plain tokens, token for token.
 
-This notebook installs the repository (on Colab), picks the backend, loads the shipped 4M-parameter target
-`stdlib-target` (a Llama trained on the Python standard library's source), decodes the same prompts with each
-drafter family, checks that every output equals plain greedy decoding, and tabulates the acceptance statistics.
-The defaults are small (CI runs this notebook on a CPU); the comments in the next cell give Colab-scale values.
+This notebook installs specjax (on Colab, from the `INSTALL_SOURCE` you set), picks the backend, loads the shipped
+4M-parameter target `stdlib-target` (a Llama trained on the Python standard library's source), decodes the same
+prompts with each drafter family, checks that every output equals plain greedy decoding, and tabulates the
+acceptance statistics. The defaults are small (CI runs this notebook on a CPU); the comments in the next cell give
+Colab-scale values.
 '''),
     parameters(r'''
 # Parameters (tests/test_notebooks.py injects its own values in a cell after this one).
@@ -111,10 +160,9 @@ BACKEND = None          # None: JAX picks (TPU on a Colab TPU runtime, else a GP
 NUM_PROMPTS = 2         # prompts decoded as one batch (at most 8 below). Colab: 8
 MAX_NEW_TOKENS = 32     # tokens generated per prompt. Colab: 256
 K = 4                   # drafted tokens per step for the chain drafters. Colab: 4 (try 8)
-REPO_URL = "{REPO_URL}"   # cloned on Colab only
-''' .replace("{REPO_URL}", REPO_URL)),
-    md("## Install (Colab) and find the repository"),
-    SETUP,
+''' + install_source_parameter(False)),
+    md("## Install (outside a checkout) and find the repository"),
+    setup(needs_checkout=False),
     md(r'''
 ## The backend
 
@@ -299,10 +347,9 @@ RUN_DIR = "runs/notebook_drafter"   # RUN_DIR/ckpt: orbax checkpoints; RUN_DIR/s
 FRESH = True             # delete RUN_DIR first; False: a rerun resumes from RUN_DIR/ckpt's newest checkpoint
 NUM_PROMPTS = 2          # prompts decoded with the trained drafter. Colab: 8
 MAX_NEW_TOKENS = 32      # Colab: 128
-REPO_URL = "{REPO_URL}"   # cloned on Colab only
-''' .replace("{REPO_URL}", REPO_URL)),
-    md("## Install (Colab) and find the repository"),
-    SETUP,
+''' + install_source_parameter(True)),
+    md("## Install (outside a checkout) and find the repository"),
+    setup(needs_checkout=True),
     md(r'''
 The recipe runs as a subprocess (as you would run it from a shell): absl flags are process-wide, and on a TPU only
 one process may hold the chip, so this kernel imports jax only after training.
@@ -480,10 +527,9 @@ PROMPT_TEMPLATE = None    # None: Llama-3 chat template for the downloaded Instr
 PAPER_ROW = "target=LLaMA3.1-8B-Instruct,dataset=HumanEval"   # which paper_numbers.csv rows to print beside ours
 PREDICT = False           # also measure draft/verify costs and print the speedup they predict. Colab: True
 OUT = "runs/reproduce/notebook"    # OUT.csv and OUT.json: the measured row
-REPO_URL = "{REPO_URL}"   # cloned on Colab only
-''' .replace("{REPO_URL}", REPO_URL)),
-    md("## Install (Colab) and find the repository"),
-    SETUP,
+''' + install_source_parameter(True)),
+    md("## Install (outside a checkout) and find the repository"),
+    setup(needs_checkout=True),
     RUN_COMMAND,
     md(r'''
 ## The checkpoints
