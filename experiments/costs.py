@@ -99,7 +99,7 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
     and the target weights it declares), so any registered drafter is measured the way the loop runs it.
     Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
     cfg = model.config
-    buffer_len = max(context + 2 * drafter.num_tokens + 8, cache_size or 0)
+    buffer_len = max(context + 2 * drafter.k + 8, cache_size or 0)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
     prompt_len = context // 2
@@ -127,7 +127,7 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
     """One drafter.init call after a prompt of prompt_len tokens (e.g. a draft model's own prefill; ~0 for
     drafters with no state). The target's prefill is not included: forward_seconds measures it."""
     cfg = model.config
-    buffer_len = max(prompt_len + 2 * drafter.num_tokens + 8, cache_size or 0)
+    buffer_len = max(prompt_len + 2 * drafter.k + 8, cache_size or 0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
     layers, exposed = target_exposure(drafter, model.params)
     cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)

@@ -207,7 +207,7 @@ def decode_loop(target_params: dict, draft_params: Any, prompts: jax.Array, prom
     as prefill_forward's groups and order (None: one prefill of every row at width P). cache_sizes (static): as
     prefill_forward's (group_cache_sizes picks them; None: one cache of buffer_len slots)."""
     B, P = prompts.shape
-    k = drafter.num_tokens
+    k = drafter.k
     sp = spec.sampling
     max_new = spec.max_new_tokens
     step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)

@@ -1,5 +1,5 @@
 """A new drafter, written as a user would write one: propose k copies of the last committed token. This file and
-one FACTORIES line in tests/test_conformance.py are everything it takes to run through generate(), the speedup
+one FACTORIES line in tests/conformance_factories.py are everything it takes to run through generate(), the speedup
 experiment (--drafter_modules=_repeat_last_drafter) and a mesh."""
 import dataclasses
 
@@ -11,13 +11,13 @@ from specjax.drafters.registry import DrafterSpec, register
 
 @dataclasses.dataclass(frozen=True)
 class RepeatLastDrafter:
-    num_tokens: int
+    k: int
 
     def init(self, params, ctx, target_out, sp):
         return ()
 
     def propose(self, params, state, ctx, keys, sp):
-        return Draft(jnp.repeat(last_tokens(ctx, 1), self.num_tokens, axis=1)), state
+        return Draft(jnp.repeat(last_tokens(ctx, 1), self.k, axis=1)), state
 
     def commit(self, params, state, ctx, num_accepted, target_out, verified):
         return state

@@ -13,7 +13,7 @@ from specjax.drafters import artifacts, registry
 from specjax.drafters.base import Draft, last_tokens
 from specjax.drafters.registry import DrafterSpec, Option
 from specjax.models.llama import lm_head, rms_norm
-from conftest import ragged_prompts, tiny_model
+from tiny import ragged_prompts, tiny_model
 
 
 def test_every_builtin_method_is_registered():
@@ -42,7 +42,7 @@ class _ProbeDrafter:
     """Proposes copies of the last token; checks, inside the loop, that the exposed layers and weights are the
     target's: rms_norm(last layer) @ lm_head must reproduce the target's logits at every verified node (and at the
     prefill's last prompt position, the one it computes logits for)."""
-    num_tokens: int
+    k: int
     target_layers: tuple = (1, 0)           # out of order on purpose: they come back in the declared order
     target_weights: tuple = ("lm_head", "final_norm")
     eps: float = 1e-5
@@ -61,7 +61,7 @@ class _ProbeDrafter:
         return ()
 
     def propose(self, params, state, ctx, keys, sp):
-        return Draft(jnp.repeat(last_tokens(ctx, 1), self.num_tokens, axis=1)), state
+        return Draft(jnp.repeat(last_tokens(ctx, 1), self.k, axis=1)), state
 
     def commit(self, params, state, ctx, num_accepted, target_out, verified):
         self._check(ctx, verified.out, "verify")

@@ -60,7 +60,7 @@ class Draft(NamedTuple):
 class Drafter(Protocol):
     """init's target_out is the prefill over the right-padded prompts [B, P]: hidden and layer_hidden at every
     prompt position, logits only at each row's last prompt position ([B, 1, V])."""
-    num_tokens: int                   # k, static
+    k: int                            # tokens proposed per step (static)
 
     def init(self, params: Any, ctx: Context, target_out: ForwardOut, sp: SamplingParams) -> Any: ...
 
@@ -73,7 +73,7 @@ class Drafter(Protocol):
 
 class NullDrafter:
     """k = 0: the loop degenerates to plain autoregressive decoding (same code path as every drafter)."""
-    num_tokens = 0
+    k = 0
 
     def __hash__(self):
         return hash(type(self))

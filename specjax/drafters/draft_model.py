@@ -35,11 +35,11 @@ from specjax.trees import TreeSpec, mask_from_parents
 
 @dataclasses.dataclass(frozen=True)
 class DraftModelDrafter:
-    num_tokens: int
+    k: int
     config: ModelConfig
     cache_size: int
     implementation: str = "xla"
-    tree: TreeSpec | None = None      # a static tree of num_tokens + 1 nodes
+    tree: TreeSpec | None = None      # a static tree of k + 1 nodes
     num_steps: int = 0                # > 0: a dynamic tree of num_steps depth, topk children per node
     topk: int = 0
 
@@ -52,10 +52,10 @@ class DraftModelDrafter:
         return self.tree.max_depth if self.tree is not None else self.num_steps
 
     @staticmethod
-    def extra_cache_slots(num_tokens: int, num_steps: int, topk: int) -> int:
+    def extra_cache_slots(k: int, num_steps: int, topk: int) -> int:
         """Draft cache slots needed beyond the target's buffer: a dynamic tree's frontier block ((num_steps - 1)
-        * topk nodes past the committed tokens) can outgrow the num_tokens + 1 verify slots the buffer reserves."""
-        return max(0, (num_steps - 1) * topk - (num_tokens + 1))
+        * topk nodes past the committed tokens) can outgrow the k + 1 verify slots the buffer reserves."""
+        return max(0, (num_steps - 1) * topk - (k + 1))
 
     def init(self, params, ctx: Context, target_out, sp):
         B = ctx.tokens.shape[0]
@@ -80,7 +80,7 @@ class DraftModelDrafter:
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         if self.is_tree:
             return self._propose_tree(params, cache, ctx)
-        k = self.num_tokens
+        k = self.k
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k] keys
         # After a proposal the cache holds length + k - 2 entries of the old length, so the new length exceeds it
         # by more than one only when all k drafts were accepted (the k-th was never fed): catch up with a T=2
@@ -120,7 +120,7 @@ class DraftModelDrafter:
                           implementation=self.implementation)
             return out.logits[:, -tokens.shape[1]:], (toks, pars, deps)
 
-        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.num_tokens + 1, root, root_logits,
+        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.k + 1, root, root_logits,
                                      node_logits, block)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 

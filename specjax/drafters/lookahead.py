@@ -104,7 +104,7 @@ def tree_layout(W: int, N: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 @dataclasses.dataclass(frozen=True)
 class LookaheadDrafter:
-    num_tokens: int          # (W + G)(N - 1): every node of the step's tree besides the root
+    k: int                   # (W + G)(N - 1): every node of the step's tree besides the root
     window_size: int         # W
     ngram_size: int          # N
     guess_set_size: int      # G

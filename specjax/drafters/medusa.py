@@ -92,7 +92,7 @@ def head_logits(params: dict, hidden: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class MedusaDrafter:
-    num_tokens: int
+    k: int
     num_heads: int
     tree: TreeSpec | None = None
 
@@ -109,7 +109,7 @@ class MedusaDrafter:
             cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
             tree = tree_search.static_tree_from_candidates(self.tree, last_tokens(ctx, 1)[:, 0], cand)
             return Draft(tree.tokens[:, 1:], None, tree), hidden
-        logits = logits[:, :self.num_tokens]                                    # [B, k, V]
+        logits = logits[:, :self.k]                                             # [B, k, V]
         if sp.greedy:
             return Draft(jnp.argmax(logits, -1).astype(jnp.int32)), hidden
         probs = probabilities(logits, sp)

@@ -40,7 +40,7 @@ def continuation(source: jax.Array, source_len: jax.Array, start: jax.Array, k: 
 
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
-    num_tokens: int
+    k: int
     min_n: int = 5
     max_n: int = 5
 
@@ -48,7 +48,7 @@ class NgramDrafter:
         return ()
 
     def propose(self, params, state, ctx: Context, keys, sp):
-        k = self.num_tokens
+        k = self.k
         query = last_tokens(ctx, self.max_n)                                    # [B, max_n]
         found = jnp.zeros(ctx.length.shape, bool)
         proposal = jnp.repeat(query[:, -1:], k, axis=1)                         # fallback: repeat last token

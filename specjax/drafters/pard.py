@@ -57,7 +57,7 @@ class PardModel:
 
 @dataclasses.dataclass(frozen=True)
 class PardDrafter:
-    num_tokens: int
+    k: int
     config: ModelConfig               # the draft's (vocab_size = the target's + the masks)
     vocab_size: int                   # the target's: draft logits are cut to it
     mask_token_ids: tuple[int, ...]   # the k - 1 masks this drafter feeds
@@ -71,7 +71,7 @@ class PardDrafter:
     def draft_logits(self, params, cache: KVCache, ctx: Context) -> tuple[jax.Array, KVCache]:
         """The one draft forward -> (logits [B, k, V] of drafts 1..k, cut to the target's vocabulary; the cache
         holding every committed token, lengths = ctx.length)."""
-        k, w = self.num_tokens, self.num_tokens + 1
+        k, w = self.k, self.k + 1
         B = ctx.tokens.shape[0]
         start = jnp.maximum(ctx.length - w, 0)                                          # [B]
         block = jnp.take_along_axis(ctx.tokens, start[:, None] + jnp.arange(w), axis=1)  # [B, w]
@@ -97,7 +97,7 @@ class PardDrafter:
         if sp.greedy:
             return Draft(jnp.argmax(logits, -1).astype(jnp.int32)), cache
         probs = probabilities(logits, sp)                                                # [B, k, V]
-        step_keys = jax.vmap(lambda key: jax.random.split(key, self.num_tokens))(keys)  # [B, k] keys
+        step_keys = jax.vmap(lambda key: jax.random.split(key, self.k))(keys)  # [B, k] keys
         return Draft(jax.vmap(jax.vmap(sample))(step_keys, probs), probs), cache
 
     def commit(self, params, cache, ctx, num_accepted, target_out, verified):

@@ -20,7 +20,7 @@ from specjax.inputs import encode_all, right_pad
 
 @dataclasses.dataclass(frozen=True)
 class PredictedDrafter:
-    num_tokens: int
+    k: int
     min_n: int = 1
     max_n: int = 3
 
@@ -50,7 +50,7 @@ class PredictedDrafter:
 
     def propose(self, params, pointer, ctx, keys, sp):
         pred, pred_len = params
-        draft = jax.vmap(lambda p, l, s: continuation(p, l, s, self.num_tokens))(pred, pred_len, pointer)
+        draft = jax.vmap(lambda p, l, s: continuation(p, l, s, self.k))(pred, pred_len, pointer)
         return Draft(draft.astype(jnp.int32)), pointer
 
     def commit(self, params, pointer, ctx: Context, num_accepted, target_out, verified):

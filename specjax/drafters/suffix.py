@@ -163,7 +163,7 @@ def propose_row(src: jax.Array, query: jax.Array, root: jax.Array, k: int, depth
 
 @dataclasses.dataclass(frozen=True)
 class SuffixDrafter:
-    num_tokens: int                   # k: tree nodes besides the root (vLLM: the most tokens proposed per step)
+    k: int                            # tree nodes besides the root (vLLM: the most tokens proposed per step)
     max_tree_depth: int = 24
     max_spec_factor: float = 1.0
     min_token_prob: float = 0.1
@@ -172,7 +172,7 @@ class SuffixDrafter:
 
     @property
     def depth(self) -> int:
-        return min(self.num_tokens, self.max_tree_depth)
+        return min(self.k, self.max_tree_depth)
 
     def init(self, params, ctx, target_out, sp):
         return ()
@@ -185,7 +185,7 @@ class SuffixDrafter:
         present = ctx.length[:, None] - Q + jnp.arange(Q)[None, :] >= 0
         query = jnp.where(present, last_tokens(ctx, Q), -2)                      # [B, Q] -2 matches nothing
         root = last_tokens(ctx, 1)[:, 0]
-        tree = jax.vmap(lambda s, q, r: propose_row(s, q, r, self.num_tokens, self.depth, self.max_spec_factor,
+        tree = jax.vmap(lambda s, q, r: propose_row(s, q, r, self.k, self.depth, self.max_spec_factor,
                                                     self.min_token_prob))(src, query, root)
         tree = dataclasses.replace(tree, max_depth=self.depth)   # vmap keeps the static field; restate it
         return Draft(tree.tokens[:, 1:], None, tree), state
