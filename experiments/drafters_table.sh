@@ -1,8 +1,9 @@
 #!/bin/bash
 # The drafter table: every shipped drafter and the training-free ones on the shipped target, in ONE run of
 # experiments.speedup (HumanEval + stdlib continuations, T=0 and T=1; humaneval2x = each HumanEval prompt answered
-# twice, for suffix decoding). About 40 minutes on 2 CPU cores; EXTRA=",row,..." appends rows. The README's results
-# table is the quick subset: QUICK=1 TEMPS=0 SETS=humaneval (every drafter, T=0, HumanEval; about 12 minutes).
+# twice, for suffix decoding). About 40 minutes on 2 CPU cores; EXTRA=",row,..." appends rows. The results page's
+# table beside the papers is the quick subset: QUICK=1 TEMPS=0 SETS=humaneval (every drafter, T=0, HumanEval; about
+# 12 minutes).
 #   bash experiments/drafters_table.sh [--out=runs/drafters_table.json]
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

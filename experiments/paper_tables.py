@@ -189,7 +189,7 @@ def main(argv):
 
 
 def print_summary(rows: Sequence[dict], measured: Sequence[dict]) -> None:
-    """The README's table: one line per measured row (ours: alpha, tau, measured and predicted speedup), beside
+    """The results page's table beside the papers: one line per measured row (ours: alpha, tau, measured and predicted speedup), beside
     the paper row matched to it that reports the most (tau and speedup; a code dataset first) and the analytic
     model's number for that paper row."""
     print("\n| ours | our alpha | our tau | our speedup | our model | paper (target, dataset) | paper tau | "
