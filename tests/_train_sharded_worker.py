@@ -16,7 +16,9 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specjax import sharding  # noqa: E402
 from specjax.models.llama import init_params  # noqa: E402
-from train import data, losses, loop, skeleton  # noqa: E402
+from train import data, loop, skeleton  # noqa: E402
+from train.losses.common import frozen_target_features  # noqa: E402
+from train.losses.draft_model import distill_loss_fn  # noqa: E402
 
 STEPS = 4
 # Every dim the "model" axis splits is divisible by 4: heads 4, kv heads 4, intermediate 64, vocab 64.
@@ -39,7 +41,7 @@ def head_loss_fn(params, batch, rng, target_params):
     """A Medusa/EAGLE-3-style head: a linear map of the frozen target's final hidden state and two layers'
     outputs at position i, predicting token i + 2."""
     del rng
-    feats = losses.frozen_target_features(target_params, TARGET, batch[:, :-1], layers=(0, -1))
+    feats = frozen_target_features(target_params, TARGET, batch[:, :-1], layers=(0, -1))
     x = jnp.concatenate([feats.hidden, *feats.layers], axis=-1)[:, :-1]
     logits = x @ params["w"] + params["b"]
     labels = batch[:, 2:]
@@ -53,7 +55,7 @@ def main() -> None:
     tokens = (np.cumsum(np.random.default_rng(0).integers(1, 3, 4000)) % 64).astype(np.uint16)
     batches = data.PackedBatches(tokens, seq_len=16, batch_size=4, seed=0)
     recipes = {
-        "distill": (np_init(DRAFT, 1, std=0.02), losses.distill_loss_fn(DRAFT, TARGET, 0.1, 1.0)),
+        "distill": (np_init(DRAFT, 1, std=0.02), distill_loss_fn(DRAFT, TARGET, 0.1, 1.0)),
         "head": ({"w": (0.02 * np.random.default_rng(2).standard_normal((3 * TARGET.hidden_size, 64))
                         ).astype(np.float32), "b": np.zeros((64,), np.float32)}, head_loss_fn),
     }

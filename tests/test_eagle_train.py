@@ -1,4 +1,4 @@
-"""EAGLE training losses (train.losses.eagle_loss_fn / eagle_accuracy) on a tiny target's own generated text: both
+"""EAGLE training losses (train.losses.eagle.eagle_loss_fn / eagle_accuracy) on a tiny target's own generated text: both
 kinds learn under train.loop, the EAGLE-3 loss masks labels whose target top token is outside the draft vocabulary,
 and the step alignment is the one specjax.drafters.eagle documents (step i at index t <-> target position t + i + 1).
 """
@@ -11,7 +11,9 @@ import specjax
 from specjax import SpecConfig
 from specjax.drafters import eagle
 from specjax.drafters.base import target_weight
-from train import data, loop, losses
+from train import data, loop
+from train.losses.common import frozen_target_features
+from train.losses.eagle import eagle_accuracy, eagle_loss_fn
 from conftest import tiny_model
 
 PROMPT = 8
@@ -49,7 +51,7 @@ def test_loss_decreases_under_train_loop(tiny, rows, kind, steps, ratio):
         counts = np.bincount(rows[:, PROMPT:].ravel(), minlength=tiny.config.vocab_size)
         d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
     params = eagle.init_params(jax.random.PRNGKey(0), cfg)
-    loss_fn = losses.eagle_loss_fn(tiny.config, cfg, PROMPT, num_steps=steps, noise=0.1 if kind == "eagle" else 0.0,
+    loss_fn = eagle_loss_fn(tiny.config, cfg, PROMPT, num_steps=steps, noise=0.1 if kind == "eagle" else 0.0,
                                    d2t=d2t)
     tcfg = loop.TrainConfig(steps=20, lr=3e-2, warmup_steps=2, weight_decay=0.0, log_every=100)
     res = loop.train(params, loss_fn, data.RowBatches(rows, 8, 0).batch, tcfg, frozen=tiny.params,
@@ -58,7 +60,7 @@ def test_loss_decreases_under_train_loop(tiny, rows, kind, steps, ratio):
     assert np.all(np.isfinite(res.losses))
     assert last < ratio * first, (kind, res.losses)
     if kind == "eagle":           # the held-out metric's counts (one kind: each jit costs seconds on this CPU)
-        acc = jax.jit(lambda p, tp, r: losses.eagle_accuracy(p, tp, tiny.config, cfg, r, PROMPT, 3, d2t))
+        acc = jax.jit(lambda p, tp, r: eagle_accuracy(p, tp, tiny.config, cfg, r, PROMPT, 3, d2t))
         hits, labels, chain, chains = (np.asarray(x) for x in acc(res.params, tiny.params, jnp.asarray(rows)))
         R = rows.shape[1]
         assert labels.tolist() == [len(rows) * (R + 1 - PROMPT)] * 3          # labels t + i + 2 >= PROMPT
@@ -71,7 +73,7 @@ def manual_eagle3_loss(params, cfg, tiny, rows, d2t, steps, decay=0.8):
     """The documented alignment, spelled out: step i at index t <-> target logits at position t + i + 1."""
     @jax.jit
     def forward(params, rows):
-        tf = losses.frozen_target_features(tiny.params, tiny.config, rows, cfg.target_layers)
+        tf = frozen_target_features(tiny.params, tiny.config, rows, cfg.target_layers)
         _, logits = eagle.ttt_forward(params, cfg, rows[:, 1:], tuple(f[:, :-1] for f in tf.layers), steps,
                                       {"embed": target_weight(tiny.params, "embed")})
         return tf, logits
@@ -94,7 +96,7 @@ def manual_eagle3_loss(params, cfg, tiny, rows, d2t, steps, decay=0.8):
 
 def test_eagle3_loss_masks_tokens_outside_the_draft_vocab(tiny, rows):
     rows = jnp.asarray(rows[:8])
-    tf = losses.frozen_target_features(tiny.params, tiny.config, rows)
+    tf = frozen_target_features(tiny.params, tiny.config, rows)
     top = np.asarray(tf.logits.argmax(-1))[:, PROMPT - 1:]           # the target's top tokens at label positions
     vals, counts = np.unique(top, return_counts=True)
     dropped = vals[np.argsort(-counts)[:2]]                          # the two most frequent top tokens: left out
@@ -102,7 +104,7 @@ def test_eagle3_loss_masks_tokens_outside_the_draft_vocab(tiny, rows):
     d2t = (keep - np.arange(len(keep))).astype(np.int64)
     cfg = eagle.eagle_config(tiny, "eagle3", target_layers=LAYERS3, draft_vocab_size=len(keep))
     params = eagle.init_params(jax.random.PRNGKey(1), cfg, std=0.3)
-    fn = jax.jit(losses.eagle_loss_fn(tiny.config, cfg, PROMPT, num_steps=2, noise=0.0, d2t=d2t))
+    fn = jax.jit(eagle_loss_fn(tiny.config, cfg, PROMPT, num_steps=2, noise=0.0, d2t=d2t))
     loss, metrics = fn(params, rows, jax.random.PRNGKey(0), tiny.params)
     want, unmasked, share = manual_eagle3_loss(params, cfg, tiny, rows, d2t, 2)
     assert 0.0 < share < 0.95                                        # some labels are masked, not all
@@ -121,7 +123,7 @@ def test_eagle1_loss_terms_and_noise(tiny, rows):
     rows = jnp.asarray(rows[:8])
     cfg, _ = config_for(tiny, "eagle")
     params = eagle.init_params(jax.random.PRNGKey(2), cfg)
-    noisy = jax.jit(losses.eagle_loss_fn(tiny.config, cfg, PROMPT, noise=0.1))
+    noisy = jax.jit(eagle_loss_fn(tiny.config, cfg, PROMPT, noise=0.1))
     l1, m = noisy(params, rows, jax.random.PRNGKey(0), tiny.params)
     np.testing.assert_allclose(float(l1), float(m["reg0"] + 0.1 * m["ce0"]), rtol=1e-6)
     assert float(noisy(params, rows, jax.random.PRNGKey(1), tiny.params)[0]) != float(l1)

@@ -198,23 +198,24 @@ def test_head_labels_are_what_verification_accepts(target):
     """Soft-label training terms and held-out accuracy score a head against the target's own argmax for the token
     it drafts: on the target's greedy rows that is the row's token (so the hard-label count agrees exactly), and on
     rows some other process wrote it is not (a Medusa-2 target that moved from the original)."""
-    from train import losses
+    from train.losses.common import frozen_target_features
+    from train.losses.medusa import medusa_accuracy, medusa_terms
     heads = random_heads(target, num_heads=3, num_layers=1, layout="shared", seed=3, scale=0.5)
     prompts = [[5, 9, 2, 7], [11, 3, 8, 1]]
     out = specjax.generate(target, prompts, SpecConfig(method="none", max_new_tokens=20))
     greedy_rows = jnp.asarray([p + list(t) for p, t in zip(prompts, out.tokens)], jnp.int32)   # [2, 24]
     first_label = len(prompts[0])
     inputs = greedy_rows[:, :-1]
-    frozen = losses.frozen_target_features(target.params, target.config, inputs)
-    _, _, acc_soft = losses._medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8, frozen.logits)
-    _, _, acc_hard = losses._medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8)
+    frozen = frozen_target_features(target.params, target.config, inputs)
+    _, _, acc_soft = medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8, frozen.logits)
+    _, _, acc_hard = medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8)
     np.testing.assert_allclose(np.asarray(acc_soft), np.asarray(acc_hard), atol=1e-6)
-    hits, counts = losses.medusa_accuracy(heads.params, target.params, target.config, greedy_rows, first_label, 3)
+    hits, counts = medusa_accuracy(heads.params, target.params, target.config, greedy_rows, first_label, 3)
     np.testing.assert_allclose(np.asarray(hits[:, 0] / counts), np.asarray(acc_hard), atol=1e-6)
 
     # Rows that are not the target's greedy text: the labels are the target's argmax, recomputed directly here.
     rows = jnp.asarray(np.random.default_rng(0).integers(0, target.config.vocab_size, (2, 24)), jnp.int32)
-    frozen = losses.frozen_target_features(target.params, target.config, rows[:, :-1])
+    frozen = frozen_target_features(target.params, target.config, rows[:, :-1])
     head_top = np.asarray(jnp.argmax(medusa.head_logits(heads.params, frozen.hidden), -1))        # [B, T, K]
     target_top = np.asarray(jnp.argmax(frozen.logits, -1))                                      # [B, T]
     T = rows.shape[1] - 1
@@ -223,7 +224,7 @@ def test_head_labels_are_what_verification_accepts(target):
         want = np.mean([head_top[b, t, i] == target_top[b, t + i + 1] for b in range(2) for t in ts])
         off_by_one = np.mean([head_top[b, t, i] == target_top[b, t + i] for b in range(2) for t in ts])
         assert want != off_by_one          # these rows tell a shifted label apart, so the checks below can fail
-        hits, counts = losses.medusa_accuracy(heads.params, target.params, target.config, rows, first_label, 1)
+        hits, counts = medusa_accuracy(heads.params, target.params, target.config, rows, first_label, 1)
         assert abs(float(hits[i, 0] / counts[i]) - want) < 1e-6
-        _, _, acc = losses._medusa_terms(heads.params, frozen.hidden, rows, first_label, 0.8, frozen.logits)
+        _, _, acc = medusa_terms(heads.params, frozen.hidden, rows, first_label, 0.8, frozen.logits)
         assert abs(float(acc[i]) - want) < 1e-6

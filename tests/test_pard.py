@@ -152,14 +152,14 @@ def test_multi_stream_training_logits_equal_each_cut_point_run_alone():
     """One forward over stream 0 and the mask streams (the training mask) gives, for draft j + 1 of context end c,
     what a plain causal forward over the literal sequence [x_0 .. x_c, mask_1 .. mask_j] gives at its last
     position -- for every context end, and for a subset of them (the drop-token form training uses)."""
-    from train import losses
+    from train.losses.pard import pard_loss_fn, pard_stream_logits
     k, T, V = 4, 9, 61
     model = tiny_model(3, vocab=V)
     params, cfg = pard.add_mask_rows(model.params, model.config, k - 1,
                                      rows=0.3 * jax.random.normal(jax.random.PRNGKey(1), (k - 1, 32)))
     ids = tuple(range(V, V + k - 1))
     rows = np.random.default_rng(0).integers(0, V, (2, T + 1)).astype(np.int32)
-    streams = jax.jit(lambda x, ends: losses.pard_stream_logits(params, cfg, x, ids, k, V, ends))
+    streams = jax.jit(lambda x, ends: pard_stream_logits(params, cfg, x, ids, k, V, ends))
     real, masks = streams(jnp.asarray(rows[:, :-1]), jnp.arange(T))
     plain_logits = jax.jit(lambda seq: full_logits(params, cfg, seq))      # one width: causal, the tail is unread
     ref = np.zeros((2, k, T, V), np.float32)
@@ -172,13 +172,13 @@ def test_multi_stream_training_logits_equal_each_cut_point_run_alone():
     np.testing.assert_allclose(real, ref[:, 0], atol=2e-4)
     np.testing.assert_allclose(masks, ref[:, 1:], atol=2e-4)
     ends = jnp.asarray([1, 4, 8])
-    real_s, masks_s = jax.jit(lambda x: losses.pard_stream_logits(params, cfg, x, ids, k, V, ends))(
+    real_s, masks_s = jax.jit(lambda x: pard_stream_logits(params, cfg, x, ids, k, V, ends))(
         jnp.asarray(rows[:, :-1]))
     np.testing.assert_allclose(real_s, ref[:, 0], atol=2e-4)
     np.testing.assert_allclose(masks_s, ref[:, 1:][:, :, np.asarray(ends)], atol=2e-4)
     # Against a target equal to the draft's own stream 0: draft 1's KL is 0 (agreement 1), the masks' is not.
     target_params = dict(params, embed=params["embed"][:V], lm_head=params["lm_head"][:, :V])
-    loss_fn = losses.pard_loss_fn(cfg, model.config, ids, k, ce_weight=0.0, num_ends=4)
+    loss_fn = pard_loss_fn(cfg, model.config, ids, k, ce_weight=0.0, num_ends=4)
     _, m = jax.jit(loss_fn)(params, jnp.asarray(rows), jax.random.PRNGKey(0), target_params)
     assert abs(float(m["loss0"])) < 1e-5 and float(m["acc0"]) == 1.0
     assert all(float(m[f"loss{j}"]) > 1e-3 for j in range(1, k))

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from specjax.models.llama import init_params
-from train import data, losses, loop, skeleton
+from train import data, loop, skeleton
+from train.losses.draft_model import distill_loss_fn
+from train.losses.lm import next_token_nll
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +29,7 @@ def _tiny_setup():
     batches = data.PackedBatches(tokens, seq_len=16, batch_size=4, seed=0)
 
     def loss_fn(params, batch, rng):
-        nll, _ = losses.next_token_nll(params, cfg, batch)
+        nll, _ = next_token_nll(params, cfg, batch)
         return nll.mean(), {}
     return cfg, batches, loss_fn
 
@@ -111,10 +113,10 @@ def test_distill_loss_is_zero_kl_against_itself():
     cfg, batches, _ = _tiny_setup()
     params = init_params(cfg, jax.random.PRNGKey(0))
     batch = batches.batch(0)
-    _, m = losses.distill_loss_fn(cfg, cfg, ce_weight=0.0, temperature=1.0)(params, batch, None, params)
+    _, m = distill_loss_fn(cfg, cfg, ce_weight=0.0, temperature=1.0)(params, batch, None, params)
     assert abs(float(m["kl"])) < 1e-5 and float(m["top1_agree"]) == 1.0
     other = init_params(cfg, jax.random.PRNGKey(1))
-    loss, m2 = losses.distill_loss_fn(cfg, cfg, ce_weight=0.5, temperature=1.0)(other, batch, None, params)
+    loss, m2 = distill_loss_fn(cfg, cfg, ce_weight=0.5, temperature=1.0)(other, batch, None, params)
     assert float(m2["kl"]) > 0
     np.testing.assert_allclose(float(loss), 0.5 * float(m2["kl"]) + 0.5 * float(m2["ce"]), rtol=1e-5)
 

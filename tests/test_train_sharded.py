@@ -1,5 +1,5 @@
 """train.loop under a ("data", "model") mesh: the same per-step losses as on one device, the frozen target split over
-"model", checkpoints restored in their sharded layout; and the frozen-target feature forward of train.losses.
+"model", checkpoints restored in their sharded layout; and the frozen-target feature forward of train.losses.common.
 
 jax fixes its device count when it first starts, so the mesh runs are in a subprocess
 (tests/_train_sharded_worker.py) with 8 virtual CPU devices; it reports JSON and the tests here assert on it.
@@ -19,7 +19,8 @@ import pytest
 
 from _train_sharded_worker import np_init
 from specjax.models.llama import full_logits
-from train import losses, skeleton
+from train import skeleton
+from train.losses.common import frozen_target_features
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -79,8 +80,8 @@ def test_frozen_target_features():
 
     @jax.jit                                     # one compile for everything checked (eager dispatch is slow)
     def run(p):
-        feats = losses.frozen_target_features(p, cfg, tokens, layers=(1, 0, -1))
-        total = lambda p: sum(jnp.sum(x) for x in jax.tree.leaves(losses.frozen_target_features(p, cfg, tokens)))
+        feats = frozen_target_features(p, cfg, tokens, layers=(1, 0, -1))
+        total = lambda p: sum(jnp.sum(x) for x in jax.tree.leaves(frozen_target_features(p, cfg, tokens)))
         return feats, full_logits(p, cfg, tokens), jax.grad(total)(p)
 
     feats, logits, grads = run(params)
@@ -90,4 +91,4 @@ def test_frozen_target_features():
     assert not np.allclose(feats.layers[0], feats.layers[1])
     assert all(float(jnp.abs(g).max()) == 0 for g in jax.tree.leaves(grads))   # frozen: no gradient reaches it
     with pytest.raises(ValueError, match="out of range"):
-        losses.frozen_target_features(params, cfg, tokens, layers=(2,))
+        frozen_target_features(params, cfg, tokens, layers=(2,))

@@ -2,9 +2,10 @@
 
     nohup nice -n 5 python -m train.draft --time_budget=1200 > runs/draft.log 2>&1 &
 
-Loss per token (train.losses.distill_loss_fn): (1 - ce_weight) * KL(p_target || p_draft) + ce_weight * CE(next
-token), the target's logits computed on the fly by the frozen target on the same packed corpus batches. Forward KL
-on the full distribution carries more signal per token than the one-hot labels a tiny model would otherwise fit.
+Loss per token (train.losses.draft_model.distill_loss_fn): (1 - ce_weight) * KL(p_target || p_draft) + ce_weight *
+CE(next token), the target's logits computed on the fly by the frozen target on the same packed corpus batches.
+Forward KL on the full distribution carries more signal per token than the one-hot labels a tiny model would
+otherwise fit.
 Same tokenizer as the target (read from its checkpoint).
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ from absl import flags
 import jax
 
 from specjax.models.llama import init_params
-from train import losses, skeleton
+from train import skeleton
+from train.losses.draft_model import distill_loss_fn
 
 skeleton.define_llama_flags(hidden=192, layers=1, heads=3, kv_heads=1, intermediate=512)
 flags.DEFINE_float("ce_weight", 0.1, "weight of next-token CE mixed with the KL term")
@@ -51,7 +53,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
     return skeleton.Parts(
         init_params(cfg, jax.random.PRNGKey(F.seed)),
-        losses.distill_loss_fn(cfg, target.config, F.ce_weight, F.temperature),
+        distill_loss_fn(cfg, target.config, F.ce_weight, F.temperature),
         skeleton.make_evaluator(cfg, run.corpus, F.seq_len), export,
         summary=f"{cfg.num_params() / 1e6:.2f}M params, target {target.config.num_params() / 1e6:.2f}M from "
                 f"{F.target}")

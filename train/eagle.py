@@ -8,11 +8,12 @@ greedy, half at temperature 1); only target-generated tokens are labels. The fro
 (its features are recomputed, not cached: a few MB of weights against [B, 256, H] features per row).
 
 EAGLE-1 (specjax.drafters.eagle kind "eagle"): fc(concat(embed(x_{t+1}), f_t)) + one decoder layer regressing the
-target's final normed hidden state f_{t+1}, drafting through the target's LM head. Loss (losses.eagle_loss_fn):
-reg_weight * SmoothL1(feature) + ce_weight * soft CE against the target's next-token distribution (the reference
-trainer's v_w = 1.0, p_w = 0.1), input features + U(-noise, noise) (the paper's augmentation, noise 0.1),
-teacher-forced (--ttt_steps=1). Init: fc = identity on the feature half (+ N(0, 0.02)), the layer N(0, 0.02): a fresh
-drafter passes f_t through, i.e. proposes what the target predicted one position earlier.
+target's final normed hidden state f_{t+1}, drafting through the target's LM head. Loss
+(train.losses.eagle.eagle_loss_fn): reg_weight * SmoothL1(feature) + ce_weight * soft CE against the target's
+next-token distribution (the reference trainer's v_w = 1.0, p_w = 0.1), input features + U(-noise, noise) (the
+paper's augmentation, noise 0.1), teacher-forced (--ttt_steps=1). Init: fc = identity on the feature half
+(+ N(0, 0.02)), the layer N(0, 0.02): a fresh drafter passes f_t through, i.e. proposes what the target predicted
+one position earlier.
 
 EAGLE-3 (kind "eagle3"): fc fuses three target layers (--target_layers, default eagle.default_target_layers), a
 reduced draft vocabulary of --draft_vocab_size tokens (the most frequent target-generated tokens of the training
@@ -21,7 +22,7 @@ target's distribution restricted to the draft vocabulary, masked where the targe
 feature regression, no noise. Init (--warm_start): fc = identity on the highest fused layer, final norm = the
 target's, lm_head = the target's LM head columns of the draft vocabulary.
 
-Held-out metric (losses.eagle_accuracy, every eval and in the MANIFEST): the drafter unrolled --eval_steps steps on
+Held-out metric (eagle_accuracy, every eval and in the MANIFEST): the drafter unrolled --eval_steps steps on
 its own features over held-out continuations; per step the top-1 agreement with the target's argmax
 (heldout_acc<i>), the chain agreement (steps 0..i all agree, heldout_chain<i>) and heldout_accept_len = the sum of
 the chain agreements (expected accepted drafts of an eval_steps-token chain started at each position; on the greedy
@@ -29,7 +30,6 @@ rows, heldout_accept_len_greedy, each chain is exactly what greedy verification 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -40,7 +40,8 @@ import numpy as np
 
 from specjax.drafters import eagle
 from specjax.drafters.base import target_weight
-from train import data, losses, self_distill, skeleton
+from train import data, self_distill, skeleton
+from train.losses.eagle import eagle_accuracy, eagle_loss_fn
 
 flags.DEFINE_enum("kind", "eagle", eagle.KINDS, "eagle: EAGLE-1/2 drafter; eagle3: EAGLE-3 drafter "
                   "(the default --out / --ckpt_dir follow the kind)")
@@ -154,9 +155,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         cov = {"train": coverage(rows, prompt_len, d2t, tcfg.vocab_size),
                "heldout": coverage(heldout, prompt_len, d2t, tcfg.vocab_size)}
     params = init_drafter(F, target, cfg, d2t)
-    loss_fn = losses.eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
+    loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
                                    reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
-    accuracy = jax.jit(lambda p, frozen, r: losses.eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
+    accuracy = jax.jit(lambda p, frozen, r: eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
                                                                   F.eval_steps, d2t))
     n = F.eval_steps
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from specjax.drafters import medusa
 from specjax.drafters.base import target_weight
-from train import data, loop, losses, self_distill, skeleton
+from train import data, loop, self_distill, skeleton
+from train.losses.medusa import medusa_accuracy, medusa_loss_fn
 
 flags.DEFINE_integer("num_heads", 4, "Medusa heads (head i drafts the token i + 1 after the bonus token)")
 flags.DEFINE_integer("num_layers", 1, "ResBlocks per head")
@@ -71,9 +72,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     else:
         heads = medusa.init_heads(None, F.num_heads, F.num_layers, target_weight(target.params, "lm_head"), F.layout)
     params = {"heads": heads, "target": target.params} if F.medusa2 else heads
-    loss_fn = losses.medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
+    loss_fn = medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
                                     heads_weight=F.heads_weight, soft_labels=F.soft_labels)
-    accuracy = jax.jit(lambda p, frozen, rows: losses.medusa_accuracy(
+    accuracy = jax.jit(lambda p, frozen, rows: medusa_accuracy(
         heads_of(p), p["target"] if F.medusa2 else frozen, cfg, rows, prompt_len, topk=5))
     lm_eval = skeleton.make_evaluator(cfg, run.corpus, 256) if F.medusa2 else None
 

@@ -6,8 +6,8 @@ D modules (specjax.drafters.mtp, kind "mtp"): module d reads proj([RMSNorm(h^{d-
 h^0 = the target's final normed hidden state, through one decoder layer, its own final norm and the target's LM
 head; module d drafts token d + 1 ahead of the bonus token through the causal chain of modules 1..d. Data: the
 self-distillation rows the Medusa and EAGLE recipes train on (train.self_distill); labels: the target's own
-distribution for each token (soft cross-entropy, losses.mtp_loss_fn), depth d weighted --depth_decay ** d.
-Held-out metric (losses.mtp_accuracy): per-module top-1 agreement with the target's argmax, the chain agreement
+distribution for each token (soft cross-entropy, train.losses.mtp.mtp_loss_fn), depth d weighted --depth_decay ** d.
+Held-out metric (mtp_accuracy): per-module top-1 agreement with the target's argmax, the chain agreement
 (modules 1..d all agree) and the expected accepted length of a D-token chain.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import mtp
-from train import data, losses, self_distill, skeleton
+from train import data, self_distill, skeleton
+from train.losses.mtp import mtp_accuracy, mtp_loss_fn
 
 flags.DEFINE_integer("depth", 2, "D: MTP modules (module d drafts token d + 1 after the bonus token)")
 flags.DEFINE_integer("module_intermediate", 256, "MLP width of each module's decoder layer")
@@ -53,7 +54,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     cfg = mtp.MTPConfig("mtp", mtp.layer_config(tcfg, F.module_intermediate), F.depth)
     params = mtp.init_params(jax.random.PRNGKey(F.seed), cfg, target.params)
     D = F.depth
-    accuracy = jax.jit(lambda p, frozen, r: losses.mtp_accuracy(p, frozen, tcfg, cfg, r, prompt_len))
+    accuracy = jax.jit(lambda p, frozen, r: mtp_accuracy(p, frozen, tcfg, cfg, r, prompt_len))
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
@@ -77,7 +78,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return dict(self_distillation=ds["meta"], mtp_config=cfg.to_dict(), drafter_params=n_params,
                     depth_decay=F.depth_decay, heldout_conditional_acceptance=cond), notes
 
-    return skeleton.Parts(params, losses.mtp_loss_fn(tcfg, cfg, prompt_len, F.depth_decay), evaluate, export,
+    return skeleton.Parts(params, mtp_loss_fn(tcfg, cfg, prompt_len, F.depth_decay), evaluate, export,
                           batches=data.RowBatches(rows, F.batch_size, F.seed),
                           summary=f"MTP: {D} modules, MLP {F.module_intermediate}; self-distillation rows {rows.shape}")
 

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import mtp
+from specjax.models import load_model
 from specjax.models.llama import init_params
-from train import data, losses, skeleton
+from train import data, skeleton
+from train.losses.mtp_heads import multi_token_accuracy, multi_token_lm_loss_fn
 
 skeleton.define_llama_flags(hidden=192, layers=2, heads=3, kv_heads=1, intermediate=512)
 flags.DEFINE_integer("num_predict", 4, "n: output heads (head 1 = next token, head i = the token i ahead)")
@@ -68,7 +70,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     k1, k2 = jax.random.split(jax.random.PRNGKey(F.seed))
     params = {"lm": init_params(cfg, k1), "heads": mtp.init_params(k2, hcfg)["heads"]}
     lm_eval = skeleton.make_evaluator(cfg, run.corpus, F.seq_len)
-    accuracy = jax.jit(lambda p, w, wt: losses.multi_token_accuracy(p, cfg, hcfg, w, wt))
+    accuracy = jax.jit(lambda p, w, wt: multi_token_accuracy(p, cfg, hcfg, w, wt))
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         out = lm_eval(params["lm"], max_tokens)
@@ -84,7 +86,6 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
-        from specjax.models import load_model
         params = jax.device_get(params)
         fields = skeleton.save_lm(params["lm"], cfg, out_dir, run.corpus)
         target = load_model(out_dir)
@@ -109,7 +110,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return {**fields, "heads_config": hcfg.to_dict(), "heads_params": extra, "num_predict": F.num_predict,
                 **plain}, notes
 
-    return skeleton.Parts(params, losses.multi_token_lm_loss_fn(cfg, hcfg), evaluate, export,
+    return skeleton.Parts(params, multi_token_lm_loss_fn(cfg, hcfg), evaluate, export,
                           summary=f"{count(params['lm']) / 1e6:.2f}M (next-token model) + {count(params['heads']) / 1e6:.2f}M "
                                   f"({hcfg.depth} extra heads)")
 

@@ -6,7 +6,7 @@
 The draft (--init, default checkpoints/stdlib-draft) gets --num_masks mask tokens appended to its vocabulary
 (embedding rows initialised to its mean embedding, special tokens "<|pard_mask_j|>" in its tokenizer) and learns
 to fill k = num_masks + 1 positions in one forward (specjax.drafters.pard). Training runs all k draft positions of
-a batch in ONE forward (train.losses.pard_stream_logits: the real tokens, then masks 1..k-1 after each of
+a batch in ONE forward (train.losses.pard.pard_stream_logits: the real tokens, then masks 1..k-1 after each of
 --mask_ends context ends drawn per step, an attention mask giving each query exactly what it sees at inference);
 loss per draft position = (1 - ce_weight) * KL(p_target || p_draft) + ce_weight * CE, the teacher being the frozen
 target's distribution for the same token (the default draft's distillation loss), positions weighted equally.
@@ -26,12 +26,13 @@ import dataclasses
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.drafters import pard
 from specjax.drafters.draft_model import check_same_vocabulary
+from specjax.models import load_model
 from specjax.models.llama import init_params
-from train import data, losses, self_distill, skeleton
+from train import data, self_distill, skeleton
+from train.losses.pard import pard_accuracy, pard_loss_fn
 
 flags.DEFINE_string("init", "checkpoints/stdlib-draft", "draft model to start from (HF directory, target's vocab)")
 flags.DEFINE_integer("num_masks", 7, "mask tokens appended (drafts up to num_masks + 1 tokens per step)")
@@ -80,7 +81,6 @@ def add_identity_layers(params: dict, cfg, n: int, seed: int) -> tuple[dict, "Mo
 
 
 def build(run: skeleton.Run) -> skeleton.Parts:
-    from specjax.models import load_model
     F, target = run.flags, run.target
     tcfg = target.config
     draft = load_model(F.init)
@@ -99,7 +99,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     else:
         batches, first_label = None, 1
         data_desc = f"packed {F.seq_len}-token windows of the stdlib training split, every position a label"
-    accuracy = jax.jit(lambda p, frozen, r: losses.pard_accuracy(p, frozen, cfg, tcfg, r, mask_ids, k, prompt_len))
+    accuracy = jax.jit(lambda p, frozen, r: pard_accuracy(p, frozen, cfg, tcfg, r, mask_ids, k, prompt_len))
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
@@ -138,7 +138,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return fields, notes
 
     return skeleton.Parts(
-        params, losses.pard_loss_fn(cfg, tcfg, mask_ids, k, F.ce_weight, first_label, F.mask_ends or None), evaluate,
+        params, pard_loss_fn(cfg, tcfg, mask_ids, k, F.ce_weight, first_label, F.mask_ends or None), evaluate,
         export, batches=batches,
         summary=f"PARD from {F.init}: {cfg.num_params() / 1e6:.2f}M params, {F.num_masks} masks (k <= {k}), "
                 f"data {F.data}" + (f" {ds['train'].shape}" if F.data == "selfdistill" else ""))

@@ -18,10 +18,13 @@ import hashlib
 import json
 import os
 import time
-
 from typing import NamedTuple
 
 import numpy as np
+
+import specjax
+from specjax import SpecConfig
+from train import data
 
 DEFAULT_DIR = os.path.join("data", "selfdistill")
 
@@ -45,8 +48,6 @@ def generate_split(target, prompts: np.ndarray, new_tokens: int, greedy_fraction
                    seed: int, chunk_dir: str, log=print) -> np.ndarray:
     """Continue every prompt with the target -> [N, P + new_tokens] uint16. Chunks of `batch` rows are saved
     to chunk_dir as they finish and reused on a rerun."""
-    import specjax
-    from specjax import SpecConfig
     os.makedirs(chunk_dir, exist_ok=True)
     n, p = prompts.shape
     rows = []
@@ -74,8 +75,6 @@ def build(target_path: str, data_dir: str = DEFAULT_DIR, num_train: int = 4096, 
           prompt_len: int = 64, new_tokens: int = 192, greedy_fraction: float = 0.5, batch: int = 64,
           seed: int = 0, corpus_dir: str | None = None, max_files: int | None = None, log=print) -> dict:
     """Build (or reuse) the dataset -> {"train": [N, L] uint16, "heldout": [M, L] uint16, "meta": dict, "dir"}."""
-    import specjax
-    from train import data
     settings = dict(num_train=num_train, num_heldout=num_heldout, prompt_len=prompt_len, new_tokens=new_tokens,
                     greedy_fraction=greedy_fraction, seed=seed, max_files=max_files, v=1)
     out_dir = os.path.join(data_dir, dataset_key(target_path, settings))

@@ -9,7 +9,7 @@ A recipe is a short module: its own absl flags, a NOTES template and a build fun
         params = {"w": 0.02 * jax.random.normal(jax.random.PRNGKey(run.flags.seed), (run.flags.num_heads, H, V))}
         def export(params, out_dir, record):       # write the artifact; -> (MANIFEST fields, prose)
             ...
-        return Parts(params, losses.medusa_loss_fn(...), evaluate=..., export=export)
+        return Parts(params, medusa_loss_fn(...), evaluate=..., export=export)
     RECIPE = Recipe("medusa", build, defaults=dict(steps=2000, lr=1e-3), run_flags=("num_heads",),
                     frozen_target="checkpoints/stdlib-target")
     if __name__ == "__main__":
@@ -39,9 +39,14 @@ import numpy as np
 from absl import app, flags
 from jax.sharding import Mesh
 
+from specjax.cache import KVCache
+from specjax.models import load_model
 from specjax.models.config import ModelConfig
+from specjax.models.hf_io import save_pretrained
+from specjax.models.llama import forward
+from specjax.sharding import make_mesh
 from train import data, loop
-from train.losses import next_token_nll
+from train.losses.lm import next_token_nll
 
 # name: (absl definer, generic default, help). A recipe overrides defaults with Recipe.defaults.
 _SHARED_FLAGS: dict[str, tuple[Callable, Any, str]] = {
@@ -199,7 +204,6 @@ def parse_mesh(spec: str | None, batch_size: int) -> Mesh | None:
     """'2x4' -> specjax.sharding.make_mesh(data=2, model=4); None -> None."""
     if not spec:
         return None
-    from specjax.sharding import make_mesh
     try:
         d, m = (int(x) for x in spec.lower().split("x"))
     except ValueError:
@@ -212,7 +216,6 @@ def parse_mesh(spec: str | None, batch_size: int) -> Mesh | None:
 def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
     target = None
     if recipe.frozen_target:
-        from specjax.models import load_model
         target = load_model(F.target, mesh=mesh)       # each tensor read straight into its shard under a mesh
         try:
             data.check_checkpoint_corpus(F.target, strict=False)
@@ -431,7 +434,6 @@ def make_evaluator(cfg: ModelConfig, corpus: data.Corpus, seq_len: int, batch_si
 
 def save_lm(params: dict, cfg: ModelConfig, out_dir: str, corpus: data.Corpus) -> dict:
     """HF-format checkpoint (bf16 storage) + tokenizer.json -> the MANIFEST fields describing it."""
-    from specjax.models.hf_io import save_pretrained
     os.makedirs(out_dir, exist_ok=True)
     save_pretrained(jax.device_get(params), cfg, out_dir, tokenizer=corpus.tokenizer, dtype="bfloat16")
     return {"model_config": cfg.to_hf(), "num_params": cfg.num_params(), "storage_dtype": "bfloat16"}
@@ -443,8 +445,6 @@ def decode_ms(params: dict, cfg: ModelConfig, context: int = 200, cache_size: in
     cost c that speculative decoding trades against. Minimum over repeats, because the build CPU is shared and
     other people's load only ever adds time. Measured on one device (params gathered from a mesh, if any):
     the cost of the model itself, not of collectives."""
-    from specjax.cache import KVCache
-    from specjax.models.llama import forward
     params = jax.device_get(params)
     cache = KVCache.init(cfg.num_layers, 1, cache_size, cfg.num_kv_heads, cfg.head_dim)
     cache = cache.replace(lengths=jnp.full((1,), context, jnp.int32))

@@ -11,7 +11,8 @@ from absl import flags
 import jax
 
 from specjax.models.llama import init_params
-from train import losses, skeleton
+from train import skeleton
+from train.losses.lm import lm_loss_fn
 
 skeleton.define_llama_flags(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768)
 flags.DEFINE_integer("max_len", 2048, "max_position_embeddings recorded in config.json")
@@ -40,7 +41,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                              tok_per_s=record["tokens_seen"] / record["train_wall_s"] / 1e3)
         return {**fields, "decode_ms_per_step_cpu": round(ms, 4)}, notes
 
-    return skeleton.Parts(init_params(cfg, jax.random.PRNGKey(F.seed)), losses.lm_loss_fn(cfg),
+    return skeleton.Parts(init_params(cfg, jax.random.PRNGKey(F.seed)), lm_loss_fn(cfg),
                           skeleton.make_evaluator(cfg, run.corpus, F.seq_len), export,
                           summary=f"{cfg.num_params() / 1e6:.2f}M params")
 

@@ -1,0 +1,57 @@
+"""What the drafter losses share: the frozen target's forward over whole rows and the per-token terms (soft
+cross-entropy, forward KL, masked means)."""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import KVCache
+from specjax.models.config import ModelConfig
+from specjax.models.llama import ForwardOut, forward, kv_heads
+
+
+class TargetFeatures(NamedTuple):
+    logits: jax.Array                  # [B, T, V] float32
+    hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
+    layers: tuple[jax.Array, ...]      # the requested decoder layers' outputs [B, T, H], in the order asked
+
+
+def causal_forward(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> ForwardOut:
+    """llama.forward over whole sequences tokens [B, T] with a cache of exactly T slots (nothing persists past the
+    call); keyword arguments go to forward (hidden_layers, depths, mask)."""
+    B, T = tokens.shape
+    cache = KVCache.init(cfg.num_layers, B, T, kv_heads(params, cfg), cfg.head_dim, params["embed"].dtype)
+    return forward(params, cfg, tokens, cache, **kw)
+
+
+def frozen_target_features(params: dict, cfg: ModelConfig, tokens: jax.Array,
+                           layers: Sequence[int] = ()) -> TargetFeatures:
+    """The frozen target's full causal forward over tokens [B, T]: logits, final hidden state and the outputs of
+    decoder `layers` (negative indices count from the top, like Python's), all under stop_gradient. What Medusa
+    heads (final hidden), EAGLE-1 (final hidden + token), EAGLE-3 (low/mid/high layers) and MTP modules train on."""
+    idx = [l % cfg.num_layers if -cfg.num_layers <= l < cfg.num_layers else None for l in layers]
+    if None in idx:
+        raise ValueError(f"layers {tuple(layers)} out of range for a {cfg.num_layers}-layer target")
+    unique = tuple(sorted(set(idx)))
+    out = causal_forward(params, cfg, tokens, hidden_layers=unique)
+    by_layer = dict(zip(unique, out.layer_hidden))
+    return jax.lax.stop_gradient(TargetFeatures(out.logits, out.hidden, tuple(by_layer[i] for i in idx)))
+
+
+def soft_ce(logits: jax.Array, probs: jax.Array) -> jax.Array:
+    """-sum_v p_v log softmax(logits)_v: [..., V] -> [...]."""
+    return -jnp.sum(probs * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
+
+
+def forward_kl(target_logp: jax.Array, draft_logp: jax.Array) -> jax.Array:
+    """KL(p_target || p_draft) per token from log-probabilities [..., V] -> [...]: the divergence speculative
+    sampling rewards (acceptance = 1 - TV(p, q))."""
+    return jnp.sum(jnp.exp(target_logp) * (target_logp - draft_logp), axis=-1)
+
+
+def masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:
+    """Mean of x over the entries where w is set (0 when none is)."""
+    w = w.astype(jnp.float32)
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)

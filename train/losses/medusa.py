@@ -1,0 +1,105 @@
+"""Medusa heads' losses (specjax.drafters.medusa): k heads on the target's final hidden state, head i predicting
+token t + i + 2; Medusa-1 trains the heads on a frozen target, Medusa-2 the heads and the target jointly."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax.drafters.medusa import head_logits
+from specjax.models.config import ModelConfig
+from train.losses.common import causal_forward, forward_kl, frozen_target_features, masked_mean, soft_ce
+
+
+def _head_teacher(teacher_logits: jax.Array, ahead: int) -> jax.Array:
+    """The target's logits for the token `ahead` + 1 positions after each input position: teacher_logits [B, T, V]
+    (index p predicts token p + 1) -> [B, T, V] (rows past the window repeat the last one; they are masked)."""
+    T = teacher_logits.shape[1]
+    return jnp.take(teacher_logits, jnp.minimum(jnp.arange(T) + ahead, T - 1), axis=1)
+
+
+def medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label: int, decay: float,
+                 teacher_logits: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-head masked loss of Medusa heads on hidden [B, T, H] (T = L, inputs batch[:, :-1]): head i at position t
+    predicts batch[:, t + i + 2]; labels before index first_label (prompt tokens) and past the window are masked.
+    With teacher_logits [B, T, V] (the target's own logits over the inputs, under stop_gradient) the loss is soft
+    cross-entropy against the target's distribution for that token and accuracy is agreement with the target's
+    argmax: what verification accepts, which for a jointly trained (Medusa-2) target is no longer the token the
+    original target wrote. Without them: hard CE on batch's tokens.
+    -> (weighted sum of head losses, per-head losses [K], per-head top-1 accuracy [K])."""
+    B, T, _ = hidden.shape
+    logits = head_logits(heads, hidden)                                   # [B, T, K, V]
+    K = logits.shape[2]
+    total, per_head, acc = 0.0, [], []
+    for i in range(K):
+        label_at = jnp.arange(T) + i + 2                                   # index into batch [L + 1]
+        valid = (label_at <= T) & (label_at >= first_label)                # [T]
+        if teacher_logits is None:
+            labels = jnp.take(batch, jnp.minimum(label_at, T), axis=1)     # [B, T]
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits[:, :, i], labels)
+        else:
+            teacher = _head_teacher(teacher_logits, i + 1)                 # [B, T, V]
+            labels = jnp.argmax(teacher, -1)
+            loss = soft_ce(logits[:, :, i], jax.nn.softmax(teacher.astype(jnp.float32)))
+        w = jnp.broadcast_to(valid, loss.shape)
+        li = masked_mean(loss, w)
+        per_head.append(li)
+        acc.append(masked_mean(jnp.argmax(logits[:, :, i], -1) == labels, w))
+        total = total + decay ** i * li
+    return total, jnp.stack(per_head), jnp.stack(acc)
+
+
+def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool = False, kl_weight: float = 1.0,
+                   heads_weight: float = 1.0, soft_labels: bool = True) -> Callable:
+    """Medusa-1 (joint=False): params are the heads; the frozen target's final hidden state feeds them.
+    Medusa-2 (joint=True): params = {"heads", "target"}; the trained target's hidden state feeds the heads and
+    kl_weight * KL(p_frozen_original || p_trained) keeps its next-token distribution, heads_weight scales the
+    heads' loss (Medusa's lambda_0). batch [B, L + 1]: rows of target-generated text; labels before index
+    first_label (the corpus prompt) are not trained on. soft_labels: the heads learn the (trained, for Medusa-2)
+    target's own distribution for each token (see medusa_terms) instead of the row's tokens."""
+    def loss_fn(params, batch, rng, target_params):
+        del rng
+        inputs = batch[:, :-1]
+        if not joint:
+            frozen = frozen_target_features(target_params, cfg, inputs)
+            loss, per_head, acc = medusa_terms(params, frozen.hidden, batch, first_label, decay,
+                                               frozen.logits if soft_labels else None)
+            return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
+                          **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
+        original = frozen_target_features(target_params, cfg, inputs).logits
+        out = causal_forward(params["target"], cfg, inputs)
+        heads_loss, per_head, acc = medusa_terms(params["heads"], out.hidden, batch, first_label, decay,
+                                                 jax.lax.stop_gradient(out.logits) if soft_labels else None)
+        kl = forward_kl(jax.nn.log_softmax(original), jax.nn.log_softmax(out.logits)).mean()
+        return kl_weight * kl + heads_weight * heads_loss, {
+            "kl": kl, **{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
+            **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
+    return loss_fn
+
+
+def medusa_accuracy(heads: dict, target_params: dict, cfg: ModelConfig, rows: jax.Array, first_label: int,
+                    topk: int = 5) -> tuple[jax.Array, jax.Array]:
+    """Held-out accuracy counts against what greedy verification accepts, the target's own argmax for each token
+    (teacher-forced on rows; for the original target's greedy rows that is the row's token itself):
+    rows [B, L + 1] -> (hits [K, topk] = that token within each head's top-1..top-k, valid labels [K]); divide for
+    cumulative top-k accuracy."""
+    inputs = rows[:, :-1]
+    target = frozen_target_features(target_params, cfg, inputs)
+    logits = head_logits(heads, target.hidden)                            # [B, T, K, V]
+    B, T, K, _ = logits.shape
+    hits, counts = [], []
+    for i in range(K):
+        label_at = jnp.arange(T) + i + 2
+        valid = (label_at <= T) & (label_at >= first_label)
+        labels = jnp.argmax(_head_teacher(target.logits, i + 1), -1)      # [B, T]
+        lg = logits[:, :, i]                                               # [B, T, V]
+        # The label's rank = how many tokens score strictly higher (a sort-free top-k test; ties favour it).
+        label_logit = jnp.take_along_axis(lg, labels[..., None], -1)
+        rank = jnp.sum(lg > label_logit, -1)                              # [B, T]
+        within = rank[..., None] < jnp.arange(1, topk + 1)                # [B, T, topk] hit within top-1..top-k
+        w = jnp.broadcast_to(valid, labels.shape)
+        hits.append(jnp.sum(within * w[..., None], axis=(0, 1)))
+        counts.append(jnp.sum(w))
+    return jnp.stack(hits), jnp.stack(counts)
