@@ -4,7 +4,7 @@
 # twice, for suffix decoding). About 40 minutes on 2 CPU cores; EXTRA=",row,..." appends rows. The results page's
 # table beside the papers is the quick subset: QUICK=1 TEMPS=0 SETS=humaneval (every drafter, T=0, HumanEval; about
 # 12 minutes).
-#   bash experiments/drafters_table.sh [--out=runs/drafters_table.json]
+#   bash experiments/drafters_table.sh [--out=runs/drafters_table]   (writes runs/drafters_table.csv/.json/_*.png)
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 # EAGLE-3 draft vocabularies cut from the shipped drafter (written under runs/, gitignored).
@@ -51,4 +51,4 @@ fi
 R="$R$EXTRA"
 $PY -m experiments.speedup --num_prompts=8 --max_new_tokens=128 \
   --drafters=draft_model=stdlib-draft,medusa=stdlib-target-medusa,eagle=stdlib-target-eagle,eagle3=stdlib-target-eagle3,mtp=stdlib-target-mtp,pard=stdlib-draft-pard \
-  --runs="${R#,}" --out=runs/drafters_table.json "$@"
+  --runs="${R#,}" --out=runs/drafters_table "$@"

@@ -1,16 +1,22 @@
 """The flag-free parts of measuring speculative against plain decoding, shared by experiments/speedup.py (many
-runs, batch 1) and experiments/reproduce.py (one paper row, any batch): tree settings from a short name, the
-interleaved timing of plain and speculative decoding over a prompt set, and the analytic prediction from measured
-costs (experiments/costs.py). No absl flags here: every setting is an argument, so any experiment can import it.
+runs at batch 1, or --batch_sizes sweeps) and experiments/reproduce.py (one paper row, any batch): tree settings
+from a short name, the timing of plain and speculative decoding side by side over a prompt set or one batch, and
+the analytic prediction from measured costs (experiments/costs.py). Every call is prepared once
+(specjax.api.prepare) and its run timed (specjax.api.run) with experiments.costs' timer. No absl flags here: every
+setting is an argument, so any experiment can import it.
 """
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 import numpy as np
 
 import specjax
-from specjax import analysis, metrics
-from specjax.drafters.registry import BuildRequest, build as build_drafter
+from specjax import analysis, api, metrics
+from specjax.config import SpecConfig
 from specjax.drafters import registry
+from specjax.drafters.medusa import accuracy_tree
+from specjax.trees import MEDUSA_63, normalize_choices
 from experiments import costs
 
 
@@ -24,13 +30,10 @@ def tree_fields(tree: str, k: int, artifact: str | None = None) -> dict:
         depth, topk = map(int, tree[3:].split("x"))
         return dict(num_steps=depth, topk=topk, num_draft_tokens=k + 1)
     if tree.startswith("acc"):             # Medusa: the tree its heads' measured accuracies favour, of k nodes
-        from specjax.drafters.medusa import accuracy_tree
         return dict(tree_choices=accuracy_tree(artifact, k))
     if tree == "medusa63":
-        from specjax.trees import MEDUSA_63
         return dict(tree_choices=MEDUSA_63)
     if tree == "static":
-        from specjax.trees import normalize_choices
         choices, frontier = [], [()]
         while len(choices) < k:                     # breadth-first, two children per node, rank 0 first
             nxt = []
@@ -48,12 +51,13 @@ def prompt_ids(target, prompt) -> list[int]:
     return target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
 
 
-def run_prompts(target, prompts, runs: list, repeats: int = 1, seed: int = 0,
+def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
                 batch_size: int = 1) -> list[tuple[list, dict]]:
-    """Decode prompts batch_size at a time with each (config, drafter) in `runs`, timed INTERLEAVED (batch i with
-    every run, then batch i+1, ...; `repeats` passes), so drift in the machine's speed hits every run alike. All
-    prompts are padded to one shape, so one untimed call per run and batch shape compiles its program first.
-    A drafter given as a list holds one entry per prompt (predictions). -> [(outputs, totals)] per run."""
+    """Decode prompts batch_size at a time with each (config, drafter) in `runs`, timed side by side: each batch
+    prepared once per run, then its runs timed in `rounds` alternating rounds (costs.fastest_alternating, the
+    fastest kept; a call's time is its run(), not its preparation), so drift in the machine's speed hits every run
+    alike. All prompts are padded to one shape, so one untimed call per run and batch shape compiles its program
+    first. A drafter given as a list holds one entry per prompt (predictions). -> [(outputs, totals)] per run."""
     pad_to = max(len(prompt_ids(target, p)) for p in prompts)
     batches = [list(range(i, min(i + batch_size, len(prompts)))) for i in range(0, len(prompts), batch_size)]
     pick = lambda d, idx: d[idx[0]:idx[-1] + 1] if isinstance(d, list) else d    # predictions: one per prompt
@@ -66,55 +70,62 @@ def run_prompts(target, prompts, runs: list, repeats: int = 1, seed: int = 0,
                              pad_to=pad_to)
     results = [([], {"generated_tokens": 0, "wall_s": 0.0, "accepted": 0, "drafted": 0, "target_passes": 0,
                      "first_tokens": 0, "buffer_len": 0, "loop_steps": 0, "calls": 0}) for _ in runs]
-    for rep in range(repeats):
-        for idx in batches:
-            batch = [prompts[i] for i in idx]
-            for (config, drafter), (outs, totals) in zip(runs, results):
-                r = specjax.generate(target, batch, config, drafter=pick(drafter, idx), seed=seed,
-                                     request_ids=idx, pad_to=pad_to)
-                totals["wall_s"] += r.stats["wall_s"] / repeats
-                if rep == 0:
-                    outs.extend(r.tokens)
-                    for key in ("generated_tokens", "accepted", "drafted", "target_passes"):
-                        totals[key] += r.stats[key]
-                    totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
-                    totals["first_tokens"] += len(idx)
-                    totals["buffer_len"] = r.stats["buffer_len"]
-                    totals["calls"] += 1
-                    # Passes of the batched loop (it runs until its slowest row is done); one row: its own passes.
-                    trace = r.stats.get("accept_trace")
-                    totals["loop_steps"] += (r.stats["target_passes"] if len(idx) == 1 or trace is None
-                                             else int(np.shape(trace)[1]))
+    for idx in batches:
+        batch = [prompts[i] for i in idx]
+        prepared = [api.prepare(target, batch, config, drafter=pick(drafter, idx), seed=seed, request_ids=idx,
+                                pad_to=pad_to) for config, drafter in runs]
+        seconds, first_runs = costs.fastest_alternating(
+            {j: (lambda p=p: api.run(p)) for j, p in enumerate(prepared)}, rounds, warmup=False)
+        for j, (outs, totals) in enumerate(results):
+            r = first_runs[j]
+            totals["wall_s"] += seconds[j]
+            outs.extend(r.tokens)
+            for key in ("generated_tokens", "accepted", "drafted", "target_passes"):
+                totals[key] += r.stats[key]
+            totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
+            totals["first_tokens"] += len(idx)
+            totals["buffer_len"] = r.stats["buffer_len"]
+            totals["calls"] += 1
+            # Passes of the batched loop (it runs until its slowest row is done); one row: its own passes.
+            trace = r.stats.get("accept_trace")
+            totals["loop_steps"] += (r.stats["target_passes"] if len(idx) == 1 or trace is None
+                                     else int(np.shape(trace)[1]))
     for _, totals in results:
         totals.update(metrics.rates(*(totals[key] for key in ("generated_tokens", "first_tokens", "target_passes",
                                                                "accepted", "drafted", "accept_hist", "wall_s"))))
     return results
 
 
+def measured_context(target, prompts: Sequence, max_new_tokens: int, prepared: api.Prepared) -> int:
+    """The context the costs are measured at: a typical one (mean prompt length + half the generation), kept
+    inside the run's buffer with the costs' own margin of 2k + 8 slots."""
+    typical = int(np.mean([len(prompt_ids(target, p)) for p in prompts])) + max_new_tokens // 2
+    return max(1, min(typical, prepared.buffer_len - 2 * prepared.config.k - 8))
+
+
 def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_new_tokens: int, is_tree: bool,
             batch: int = 1) -> dict:
     """The analytic speedup beside the measured one: the target's decode step t1, its (k+1)-position verify tv
-    and the drafter's proposal tp measured the way the loop pays them (batch rows, the run's buffer length, at a
-    typical context: mean prompt length + half the generation), then Leviathan's formula with the i.i.d.
-    acceptance that explains tau (chains) or tau over the measured cost of a step (trees). spec / base: the
-    totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
+    and the drafter's proposal tp measured the way the loop pays them (batch rows, the drafter and buffer that
+    prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
+    the i.i.d. acceptance that explains tau (chains) or tau over the measured cost of a step (trees). spec / base:
+    the totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
     -> c, verify_cost, alpha_fit, predicted, steady (the measured decode loop without prefills, which is what
     the formula models), per-step times in ms."""
     k, sp = config.k, config.sampling
-    # Costs at a typical context: mean prompt length + half the generation.
     lens = [len(prompt_ids(target, p)) for p in prompts]
-    context = int(np.mean(lens)) + max_new_tokens // 2
-    buf = spec["buffer_len"]
+    per_request = registry.get(config.method).per_request_params
+    prepared = api.prepare(target, prompts[:batch], config, drafter_arg[:batch] if per_request else drafter_arg,
+                           pad_to=max(lens))                               # as run_prompts prepares a batch
+    context, buf = measured_context(target, prompts, max_new_tokens, prepared), prepared.buffer_len
     t1 = costs.forward_seconds(target, context, 1, reps=50, batch=batch, cache_size=buf)
     tv = costs.forward_seconds(target, context, k + 1, reps=50, batch=batch, cache_size=buf)
-    ids = [prompt_ids(target, p) for p in prompts[:batch]]
-    per_request = registry.get(config.method).per_request_params
-    d_obj, d_params = build_drafter(BuildRequest(config, target, drafter_arg[:batch] if per_request else drafter_arg,
-                                   ids, max(buf, context + 2 * k + 8)))
-    tp = costs.propose_seconds(d_obj, d_params, target, context, sp, reps=50, batch=batch, cache_size=buf)
+    tp = costs.propose_seconds(prepared.drafter, prepared.draft_params, target, context, sp, reps=50, batch=batch,
+                               cache_size=buf)
     # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
     t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, batch=batch, cache_size=buf)
-    t_dpre = costs.init_seconds(d_obj, d_params, target, max(lens), sp, reps=10, batch=batch, cache_size=buf)
+    t_dpre = costs.init_seconds(prepared.drafter, prepared.draft_params, target, max(lens), sp, reps=10,
+                                batch=batch, cache_size=buf)
     c, verify_cost = tp / (k * t1), tv / t1
     # Chains: the i.i.d. acceptance that explains tau, through Leviathan's formula. Trees have no alpha; their
     # prediction is tau over the measured cost of a step (draft + verify), in units of a decode step.
@@ -133,3 +144,101 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     return dict(c=c, verify_cost=verify_cost, alpha_fit=alpha_fit, predicted=predicted, steady=steady,
                 plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms, propose_ms=tp * 1e3, verify_ms=tv * 1e3,
                 decode_ms=t1 * 1e3)
+
+
+def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_threshold: float | None = None,
+                  acceptance_rate_window_size: int = 16) -> dict:
+    """The dynamic policy's SpecConfig fields for a run of `method` drafting k tokens ({} = no policy). schedule:
+    max_batch:k entries (k = 'k': the run's own k); an entry method@max_batch:k applies to that method only, and a
+    method with entries of its own ignores the unprefixed ones. acceptance_rate_threshold: the acceptance switch
+    (None: off), over acceptance_rate_window_size speculative steps."""
+    fields: dict[str, Any] = {}
+    own = [e.split("@", 1)[1] for e in schedule if e.startswith(method + "@")]
+    entries = own or [e for e in schedule if "@" not in e]
+    try:
+        steps = {int(b): (k if v == "k" else int(v)) for b, v in (e.split(":") for e in entries)}
+    except ValueError:
+        raise ValueError(f"draft_len_schedule {list(schedule)}: entries are max_batch:k or method@max_batch:k "
+                         f"(k an int or 'k')") from None
+    if steps:
+        fields["draft_len_schedule"] = steps
+    if acceptance_rate_threshold is not None:
+        fields.update(acceptance_rate_threshold=acceptance_rate_threshold,
+                      acceptance_rate_window_size=acceptance_rate_window_size)
+    return fields
+
+
+def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config: SpecConfig, drafter: Any,
+                  policy: SpecConfig | None, rounds: int, roofline_machine: tuple[float, float]) -> dict:
+    """One batch (every row of ids decoded in one call) by plain decoding, by `config` and by the dynamic policy,
+    timed side by side (rounds alternating rounds, the fastest of each), beside the prediction from costs measured
+    at this batch size and the run's buffer (the prefill as generate() runs it, one target forward over 1 and over
+    k + 1 positions, one proposal) and the run's loop iterations, and the roofline (specjax.analysis.batch_roofline
+    with roofline_machine = (peak FLOP/s, bandwidth) of costs.machine_roofline, the run's alpha and draft cost).
+    The policy is often one of the two programs timed already (its schedule's k is the run's: the same config;
+    k = 0: plain decoding itself); then its cell is that program's time, and a policy that resolves to plain
+    decoding times plain decoding a second time, to show how far two samples of one program disagree here.
+    -> the row (without the batch's name fields)."""
+    B, N = len(ids), config.max_new_tokens
+    pad_to = max(map(len, ids))   # the smallest buffer, which every row's attention reads whole (one compile per B)
+    prepare = lambda cfg, d: api.prepare(target, ids, cfg, drafter=d, pad_to=pad_to)
+    plain, spec = prepare(plain_config, None), prepare(config, drafter)
+    calls = {"plain": lambda: api.run(plain), "spec": lambda: api.run(spec)}
+    same_as = None
+    if policy is not None:
+        pol = prepare(policy, drafter)
+        same_as = "plain" if pol.config == plain.config else "fixed" if pol.config == spec.config else None
+        if same_as is None:
+            calls["policy"] = lambda: api.run(pol)
+        elif same_as == "plain":
+            calls["plain again"] = lambda: api.run(plain)
+    seconds, results = costs.fastest_alternating(calls, rounds)
+    if same_as is not None:
+        seconds["policy"], results["policy"] = (seconds["plain"], results["plain"]) if same_as == "plain" else \
+            (seconds["spec"], results["spec"])
+    stats, k = results["spec"].stats, spec.config.k
+    context, buf = measured_context(target, ids, N, spec), spec.buffer_len
+    t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
+    tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
+    if registry.get(config.method).per_request_params:
+        draft_cost = 0.0                 # predictions per request: proposing is a table lookup
+    else:
+        draft_cost = costs.propose_seconds(spec.drafter, spec.draft_params, target, context, config.sampling,
+                                           batch=B, cache_size=buf) / t1
+    # The batch steps together: a loop iteration ends when its slowest row does, so the loop's tokens per
+    # iteration (batch tau) is below the rows' mean tau once rows accept at different rates.
+    steps = N - 1
+    iterations = stats["accept_trace"].shape[1]
+    batch_tau = steps / iterations
+    steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1)
+    # The whole call, as timed: both pay the target's prefill (in length groups, as generate() runs it),
+    # speculation also its drafter's; then N - 1 plain steps, or the run's loop iterations of draft + verify.
+    t_pre = costs.prefill_seconds(target, ids, buf, pad_to=pad_to)
+    t_dpre = costs.init_seconds(spec.drafter, spec.draft_params, target, pad_to, config.sampling, batch=B,
+                                cache_size=buf, reps=3, inner=2)
+    predicted = (t_pre + steps * t1) / (t_pre + t_dpre + iterations * (draft_cost * t1 + tv))
+    plain_out = results["plain"].tokens
+    exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
+                                                                == plain_out) else "no") \
+        if plain_config.sampling.greedy else "n/a"
+    peak_flops, bandwidth = roofline_machine
+    roofline = float(analysis.batch_roofline(
+        [B], **costs.roofline_inputs(target, context), peak_flops=peak_flops, bandwidth=bandwidth,
+        alpha=stats["alpha"], k=k, c=draft_cost)[0]) if not config.is_tree else float("nan")
+    n = B * N
+    plain_s, spec_s = seconds["plain"], seconds["spec"]
+    row = dict(batch=B, k=k, plain_tokens_per_s=n / plain_s, tokens_per_s=n / spec_s, speedup=plain_s / spec_s,
+               predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
+               alpha=stats["alpha"], tau=stats["tau"], batch_tau=batch_tau, c_step=draft_cost,
+               verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact, roofline=roofline)
+    if policy is not None:
+        policy_k = pol.config.k
+        policy_stats = results["policy"].stats
+        row.update(policy_k=policy_k, policy_speedup=plain_s / seconds["policy"],
+                   policy_tokens_per_s=n / seconds["policy"],
+                   # k = 0: every pass is a plain step; else those after the acceptance switch
+                   policy_plain_share=1.0 if policy_k == 0 else
+                   policy_stats["plain_passes"] / max(policy_stats["target_passes"], 1),
+                   policy_program=same_as or "own",
+                   plain_repeat=plain_s / seconds["plain again"] if "plain again" in seconds else float("nan"))
+    return row

@@ -2,7 +2,7 @@
 reports (experiments/paper_numbers.csv, transcribed with citations), what our drafters measure on the shipped models
 (the JSON experiments.speedup writes), and what specjax.analysis predicts from the paper's own alpha or tau.
 
-  bash experiments/drafters_table.sh --out=runs/drafters_table.json      # ours (about 40 minutes on 2 CPU cores)
+  bash experiments/drafters_table.sh --out=runs/drafters_table           # ours (about 40 minutes on 2 CPU cores)
   python -m experiments.paper_tables --measured=runs/drafters_table.json
 
 Each paper row is shown with the one measured row of the same method that resembles it most (same temperature
@@ -18,7 +18,6 @@ gap between a paper's speedup and the model is that paper's verify cost and engi
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -27,13 +26,14 @@ from typing import Sequence
 from absl import app, flags
 
 from specjax import analysis
-from experiments.tables import pyplot, read_rows, save_figure, text_table, write_table
+from experiments.tables import pyplot, read_rows, read_table, save_figure, text_table, write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("paper_csv", os.path.join(os.path.dirname(__file__), "paper_numbers.csv"),
                     "the papers' numbers (CSV; '#' lines are comments)")
-flags.DEFINE_string("measured", "runs/drafters_table.json", "our measured rows: the --out JSON of experiments.speedup")
-flags.DEFINE_string("paper_out", "runs/paper_tables", "path stem of the table (.csv, .json) and its plot (.png)")
+flags.DEFINE_string("measured", "runs/drafters_table.json", "our measured rows: the JSON experiments.speedup "
+                    "writes under its --out stem")
+flags.DEFINE_string("paper_out", "runs/paper_tables/paper_tables", "path stem of the table (.csv, .json) and its plot (.png)")
 flags.DEFINE_float("default_c", 0.05, "draft step cost / plain step cost where a paper states none")
 flags.DEFINE_integer("default_depth", 6, "draft passes per step where a paper gives neither k nor a tree depth "
                      "(EAGLE's repo uses tree depths 5..7)")
@@ -45,7 +45,7 @@ METHOD_ORDER = ["draft_model", "ngram", "lookahead", "medusa", "eagle", "eagle3"
 FREE_DRAFTING = {"ngram", "lookahead", "mtp_heads", "none"}
 # These papers' headline numbers all come from token trees, even where the row does not name one.
 TREE_METHODS = {"medusa", "eagle", "eagle3"}
-PRODUCE_MEASURED = "bash experiments/drafters_table.sh --out=runs/drafters_table.json"
+PRODUCE_MEASURED = "bash experiments/drafters_table.sh --out=runs/drafters_table"
 
 
 def number(text: str | None) -> float | None:
@@ -100,9 +100,8 @@ def predict(row: dict, default_c: float, default_depth: int, verify_cost: float)
 def load_measured(path: str) -> list[dict]:
     """experiments.speedup's rows, each with `base_method` and `tree` from the run entry it came from (rows are
     written in --runs order; a row's `method` is its label, so the entry is what names the drafter)."""
-    with open(path) as f:
-        data = json.load(f)
-    runs = data.get("flags", {}).get("runs", [])
+    data = read_table(path)
+    runs = data["meta"].get("runs", [])
     rows = []
     for i, record in enumerate(data["rows"]):
         if i < len(runs):

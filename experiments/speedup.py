@@ -15,12 +15,35 @@ of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance
 drafter option of the method (e.g. `humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For
 suffix decoding `drafter=` names its global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
 Prompts are decoded one at a time (batch 1), as in the papers' tables.
+
+Batch sweeps: `--batch_sizes=1,8,32,64` decodes, for each batch size B, the first B prompts of each run's set as ONE
+batch by plain decoding, by the run and by the dynamic policy, timed side by side (--rounds alternating rounds, the
+fastest of each), EOS ignored so every row generates max_new_tokens:
+
+  python -m experiments.speedup --batch_sizes=1,8,32,64 --runs=humaneval:draft_model:4,humaneval:ngram:4 \
+      --max_new_tokens=128 --rounds=4 --draft_len_schedule=1:k,ngram@1:k,ngram@8:2
+
+Columns: tokens/s of plain and speculative decoding, their ratio, alpha, tau (the rows' mean), batch tau (tokens
+per loop iteration: the batch steps together, so an iteration lasts until its slowest row is done), and the
+predicted ratio from costs measured at batch B and the run's buffer (experiments.costs: the prefill as generate()
+runs it, one target forward over 1 and over k + 1 positions, one proposal) and the run's loop iterations: for the
+whole call (prefills included, as timed) and for the loop alone (batch tau / (c_step + verify_cost)). A gap between
+measured and predicted is the loop's overhead at that batch size. Beside them: the roofline prediction
+(specjax.analysis.batch_roofline with this machine's measured matmul peak and read bandwidth, the run's alpha and
+draft cost), and the dynamic policy (--draft_len_schedule, e.g. 8:k = speculate with the run's k up to batch 8 and
+decode plainly beyond; --acceptance_rate_threshold: switch off when the batch's drafts stop being accepted); where
+it resolves to the fixed-k program or to plain decoding itself, its cell is that program's time (and plain decoding
+is timed a second time, to show how far two samples of one program disagree here). The table is printed again in
+the EAGLE-3 paper's batch-table layout.
+
+Every row is written with experiments.tables.write_table (CSV + JSON, the command line, revision and date in its
+meta) under --out, default runs/speedup/speedup (batch 1) or runs/speedup/batch_scaling (--batch_sizes), with
+the figures beside it.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,9 +55,10 @@ import numpy as np
 import specjax
 from specjax import SpecConfig, analysis
 from specjax.drafters import registry
-from experiments import harness
+from experiments import costs, harness
 from experiments.harness import tree_fields
 from experiments.prompts import load_prompt_set
+from experiments.tables import pyplot, save_figure, write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target model: shipped name or HF directory")
@@ -50,8 +74,19 @@ flags.DEFINE_float("top_p", 1.0, "top-p (1 = off)")
 flags.DEFINE_integer("prompt_lookup_min", 1, "ngram: shortest n-gram tried")
 flags.DEFINE_integer("prompt_lookup_max", 4, "ngram: longest n-gram tried")
 flags.DEFINE_integer("seed", 0, "sampling seed")
-flags.DEFINE_string("out", "runs/speedup.json", "where the rows are written as JSON ('' = nowhere)")
-flags.DEFINE_integer("repeats", 1, "timed passes over the prompt set (times are averaged over them)")
+flags.DEFINE_string("out", None, "path stem of the table (.csv, .json) and its figures (.png); default "
+                    "runs/speedup/speedup, or runs/speedup/batch_scaling with --batch_sizes ('' = nowhere)")
+flags.DEFINE_integer("rounds", None, "timed rounds, alternating plain decoding and the run (the fastest of each "
+                     "kept); default 1 at batch 1 (every prompt is a call of its own), 3 with --batch_sizes")
+flags.DEFINE_list("batch_sizes", [], "a batch sweep: for each B, the first B prompts decoded as one batch (empty: "
+                  "prompts one at a time)")
+flags.DEFINE_list("draft_len_schedule", ["8:k"], "batch sweeps: the dynamic policy's SpecConfig.draft_len_schedule, "
+                  "as max_batch:k entries (k = 'k': the run's own k); an entry method@max_batch:k applies to that "
+                  "method only, and a method with entries of its own ignores the unprefixed ones; empty: no "
+                  "policy rows")
+flags.DEFINE_float("acceptance_rate_threshold", None, "batch sweeps: the dynamic policy's acceptance-rate switch "
+                   "(None: off)")
+flags.DEFINE_integer("acceptance_rate_window_size", 16, "speculative steps the acceptance rate is taken over")
 flags.DEFINE_list("drafter_modules", [], "importable modules that register extra drafters (specjax.drafters."
                   "registry.register), imported before the runs; e.g. _repeat_last_drafter with PYTHONPATH=tests")
 
@@ -103,9 +138,10 @@ def parse_run(entry: str) -> dict:
 
 
 def run_prompts(target, prompts, runs: list) -> list[tuple[list, dict]]:
-    """Decode prompts one by one with each (config, drafter) in `runs`, timed interleaved (--repeats passes, one
-    compile call per run first): experiments.harness.run_prompts at batch 1. -> [(outputs, totals)] per run."""
-    return harness.run_prompts(target, prompts, runs, repeats=FLAGS.repeats, seed=FLAGS.seed)
+    """Decode prompts one by one with each (config, drafter) in `runs`, timed side by side (--rounds alternating
+    rounds, one compile call per run first): experiments.harness.run_prompts at batch 1. -> [(outputs, totals)]
+    per run."""
+    return harness.run_prompts(target, prompts, runs, rounds=FLAGS.rounds or 1, seed=FLAGS.seed)
 
 
 _loaded: dict = {}
@@ -127,12 +163,34 @@ def drafter_argument(target, method: str, plain_outputs: list, artifact: str | N
     return None
 
 
+def artifact_name(method: str, run: dict) -> str | None:
+    """The artifact a run drafts from, as named: the run's drafter=, else --drafters' entry for its method."""
+    return run["drafter"] or dict(e.split("=", 1) for e in FLAGS.drafters).get(method)
+
+
+def out_stem(default: str) -> str:
+    return default if FLAGS.out is None else FLAGS.out
+
+
+def flag_values(*names: str) -> dict:
+    return {name: FLAGS[name].value for name in names}
+
+
 def main(argv):
     del argv
     for module in FLAGS.drafter_modules:
         importlib.import_module(module)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; temperature {FLAGS.temperature} unless a run "
           f"sets its own")
+    if FLAGS.batch_sizes:
+        batch_sweep([int(b) for b in FLAGS.batch_sizes])
+    else:
+        one_at_a_time()
+
+
+def one_at_a_time() -> None:
+    """Every run's prompts decoded one at a time beside plain decoding; the table and its figures."""
+    stem = out_stem("runs/speedup/speedup")
     rows, baselines, prompt_sets, targets, records = [], {}, {}, {}, []
     for entry in FLAGS.runs:
         run = parse_run(entry)
@@ -156,7 +214,7 @@ def main(argv):
             print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
                   f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weight reads")
         drafter_arg = drafter_argument(target, method, baselines[key][0], run["drafter"])
-        artifact = run["drafter"] or dict(e.split("=", 1) for e in FLAGS.drafters).get(method)
+        artifact = artifact_name(method, run)
         config = spec_config(method, k, tree, artifact, **run["overrides"])
         k = config.k
         base_outs = baselines[key][0]
@@ -186,12 +244,9 @@ def main(argv):
                             decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms))
         print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, per-position acceptance "
               f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
-        if FLAGS.out:                       # after every row, so a crash later loses nothing measured
-            os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-            with open(FLAGS.out, "w") as f:
-                json.dump({"flags": {k: FLAGS[k].value for k in ("runs", "num_prompts", "max_new_tokens",
-                                                                "temperature", "repeats", "drafters", "seed")},
-                           "rows": records}, f, indent=1)
+        if stem:                            # after every row, so a crash later loses nothing measured
+            write_table(records, stem, meta=flag_values("target", "runs", "num_prompts", "max_new_tokens",
+                                                        "temperature", "rounds", "drafters", "seed"))
         rows.append((pset, temperature, name, k, st["alpha"], alpha_fit, st["tau"],
                      st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
                      exact, plain_ms, t1 * 1e3, step_ms, (tp + tv) * 1e3))
@@ -212,15 +267,14 @@ def main(argv):
           "subtracted), which is what the formula predicts; gap = steady / predicted - 1. ms/step: measured time "
           "per target pass in the loop; (model): what the prediction assumes (one target forward for plain, "
           "propose + verify for speculative); their difference is the engine's per-step overhead.")
-    if FLAGS.out and records:
-        plot(records, os.path.splitext(FLAGS.out)[0])
+    if stem and records:
+        plot(records, stem)
 
 
 def plot(records: list[dict], stem: str) -> None:
     """Two figures beside the JSON: per-position acceptance of every chain row, and speedup vs k for every
     (prompts, method, T) measured at two or more k, with the analytic curve through the group's measured costs
     (alpha_fit, c and the verify-cost ratio per k, interpolated between the measured k)."""
-    from experiments.tables import pyplot, save_figure
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
@@ -256,6 +310,108 @@ def plot(records: list[dict], stem: str) -> None:
     ax.set_ylabel("speedup vs plain decoding")
     ax.legend(fontsize=6)
     save_figure(fig, stem + "_speedup_vs_k")
+
+
+def batch_sweep(batch_sizes: list[int]) -> None:
+    """For each batch size and run: plain decoding, the run and its dynamic policy on one batch, side by side
+    (experiments.harness.measure_batch); the table, the EAGLE-3 batch-table layout and the figure."""
+    stem = out_stem("runs/speedup/batch_scaling")
+    rounds = FLAGS.rounds or 3
+    target = specjax.load_model(FLAGS.target)
+    runs = [parse_run(entry) for entry in FLAGS.runs]
+    if any(run["target"] != FLAGS.target for run in runs):
+        raise app.UsageError("--batch_sizes sweeps one target (--target): drop target= from the runs")
+    peak_flops, bandwidth = costs.machine_roofline()
+    print(f"this machine: {peak_flops / 1e9:.0f} GFLOP/s (float32 matmul), {bandwidth / 1e9:.1f} GB/s (array read)")
+    records = []
+    for B in batch_sizes:
+        for run in runs:
+            pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
+            prompts = load_prompt_set(pset, B, target.tokenizer)
+            if len(prompts) < B:
+                raise ValueError(f"prompt set {pset!r} has {len(prompts)} prompts, fewer than batch size {B}")
+            ids = [harness.prompt_ids(target, p) for p in prompts]     # tokenized once
+            sampling = {f: v for f, v in run["overrides"].items() if f in ("temperature", "top_k", "top_p")}
+            plain_config = spec_config("none", None, **sampling)
+            plain_out = (specjax.generate(target, ids, plain_config, pad_to=max(map(len, ids))).tokens
+                         if registry.get(method).per_request_params else None)   # predictions: plain's output
+            drafter = drafter_argument(target, method, plain_out, run["drafter"])
+            artifact = artifact_name(method, run)
+            config = spec_config(method, k, tree, artifact, **run["overrides"])
+            try:
+                fields = harness.policy_fields(FLAGS.draft_len_schedule, method, config.k,
+                                               FLAGS.acceptance_rate_threshold, FLAGS.acceptance_rate_window_size)
+            except ValueError as e:
+                raise app.UsageError(f"--draft_len_schedule: {e}") from None
+            policy = spec_config(method, k, tree, artifact, **run["overrides"], **fields) if fields else None
+            rec = {"batch": B, "prompts": pset, "method": run["label"] or method + (f"/{tree}" if tree else ""),
+                   **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
+                                           (peak_flops, bandwidth))}
+            records.append(rec)
+            print(f"batch {B:>3} {rec['method']:>14} k={rec['k']}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
+                  f"spec {rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {rec['predicted']:.2f}x, "
+                  f"loop alone {rec['predicted_steady']:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
+                  f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} (batch {rec['batch_tau']:.2f}) c_step "
+                  f"{rec['c_step']:.2f} verify {rec['verify_cost']:.2f}, roofline {rec['roofline']:.2f}x"
+                  + (f"; policy (k={rec['policy_k']}, {rec['policy_program']}) {rec['policy_speedup']:.2f}x"
+                     if policy else "")
+                  + (f"; plain timed again: {rec['plain_repeat']:.2f}x" if rec.get("policy_program") == "plain"
+                     else ""), flush=True)
+
+    print(f"\n{FLAGS.target}, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one call per batch; fastest "
+          f"of {rounds} alternating rounds")
+    print("| batch | method | k | plain tok/s | spec tok/s | speedup | predicted | loop alone | roofline | "
+          "prefill share | alpha | tau | batch tau | c_step | verify cost | policy k | policy | exact |")
+    print("| " + " | ".join(["---"] * 18) + " |")
+    for r in records:
+        pol = (f"{r['policy_k']} | {r['policy_speedup']:.2f}x" if "policy_k" in r else "- | -")
+        print(f"| {r['batch']} | {r['method']} | {r['k']} | {r['plain_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} "
+              f"| {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_steady']:.2f}x | "
+              f"{r['roofline']:.2f}x | {r['prefill_share']:.0%} | {r['alpha']:.3f} | {r['tau']:.2f} | "
+              f"{r['batch_tau']:.2f} | {r['c_step']:.2f} | {r['verify_cost']:.2f} | {pol} | {r['exact']} |")
+    print_batch_table(records, batch_sizes)
+    if stem:
+        write_table(records, stem, meta={**flag_values(
+            "target", "runs", "batch_sizes", "max_new_tokens", "temperature", "rounds", "drafters", "seed",
+            "draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size"),
+            "peak_flops": peak_flops, "bandwidth": bandwidth})
+        plot_batches(records, batch_sizes, stem)
+
+
+def print_batch_table(records: list[dict], batch_sizes: list[int]) -> None:
+    """The EAGLE-3 paper's batch table shape: one row per method (fixed k, then the policy), throughput relative
+    to plain decoding at each batch size."""
+    print("\nthroughput relative to plain decoding (EAGLE-3 Table 5 layout)")
+    print("| method | " + " | ".join(f"bs{b}" for b in batch_sizes) + " |")
+    print("| --- | " + " | ".join("---" for _ in batch_sizes) + " |")
+    for method in dict.fromkeys(r["method"] for r in records):
+        rows = {r["batch"]: r for r in records if r["method"] == method}
+        for label, key in ((f"{method} k={next(iter(rows.values()))['k']}", "speedup"),
+                           ("  + roofline", "roofline"), (f"{method} policy", "policy_speedup"),
+                           ("  plain timed again", "plain_repeat")):
+            if any(key in r and not np.isnan(r[key]) for r in rows.values()):
+                print(f"| {label} | " + " | ".join(f"{rows[b][key]:.2f}" if b in rows and not np.isnan(
+                    rows[b].get(key, np.nan)) else "-" for b in batch_sizes) + " |")
+
+
+def plot_batches(records: list[dict], batch_sizes: list[int], stem: str) -> None:
+    """Throughput relative to plain decoding against the batch size: measured, predicted and the policy."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in records):
+        rows = sorted((r for r in records if r["method"] == method), key=lambda r: r["batch"])
+        bs = [r["batch"] for r in rows]
+        line, = ax.plot(bs, [r["speedup"] for r in rows], "o-", label=f"{method} k={rows[0]['k']}")
+        ax.plot(bs, [r["predicted"] for r in rows], ":", color=line.get_color(), label=f"{method} predicted")
+        if "policy_speedup" in rows[0]:
+            ax.plot(bs, [r["policy_speedup"] for r in rows], "s--", color=line.get_color(), label=f"{method} policy")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("throughput vs plain decoding")
+    ax.legend(fontsize=7)
+    save_figure(fig, stem)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,23 @@
-"""How every experiment writes what it measured: its rows as CSV and JSON under one path stem, its plots as PNG
-beside them, and a line saying where (one convention, so README and notebooks find any experiment's output)."""
+"""How every experiment writes what it measured: its rows as CSV and JSON under one path stem (by default
+runs/<experiment>/<table>), its plots as PNG beside them, and a line saying where (one convention, so a results
+page and the notebooks find any experiment's output, and can cite the command, revision and date behind it)."""
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import os
+import shlex
+import subprocess
+import sys
 from typing import Any, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_table(rows: Sequence[dict], stem: str, meta: dict | None = None) -> list[str]:
     """rows (dicts; the union of their keys, in first-seen order, are the CSV columns) -> stem.csv and stem.json
-    ({"meta": meta, "rows": rows}); returns the paths written and prints them."""
+    ({"meta": provenance() and meta, "rows": rows}); returns the paths written and prints them."""
     os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
     columns: list[str] = []
     for r in rows:
@@ -21,10 +28,34 @@ def write_table(rows: Sequence[dict], stem: str, meta: dict | None = None) -> li
         for r in rows:
             w.writerow({c: _cell(r.get(c)) for c in columns})
     with open(stem + ".json", "w") as f:
-        json.dump({"meta": meta or {}, "rows": list(rows)}, f, indent=1, default=_plain)
+        json.dump({"meta": {**provenance(), **(meta or {})}, "rows": list(rows)}, f, indent=1, default=_plain)
     paths = [stem + ".csv", stem + ".json"]
     print("wrote " + ", ".join(paths), flush=True)
     return paths
+
+
+def provenance() -> dict:
+    """Where a table came from: the command line that ran (as `python -m <module> ...` for an experiment run as a
+    module), the git revision of this checkout (None outside one; `dirty`: tracked files differed from it) and
+    the date (UTC, ISO 8601)."""
+    main = sys.modules.get("__main__")
+    module = getattr(getattr(main, "__spec__", None), "name", None)
+    argv = (["python", "-m", module] if module else ["python", sys.argv[0]]) + sys.argv[1:]
+    git = lambda *args: subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        revision = head.stdout.strip() if head.returncode == 0 else None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()) if revision else None
+    except (OSError, subprocess.SubprocessError):           # no git on this machine
+        revision = dirty = None
+    return {"command": " ".join(map(shlex.quote, argv)), "revision": revision, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def read_table(stem: str) -> dict:
+    """What write_table wrote under stem: {"meta": ..., "rows": [...]} (stem may end in .json)."""
+    with open(stem if stem.endswith(".json") else stem + ".json") as f:
+        return json.load(f)
 
 
 def read_rows(path: str) -> list[dict]:

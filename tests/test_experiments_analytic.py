@@ -85,7 +85,7 @@ def fake_measured(path) -> str:
                  temperature=1 if "temperature=1" in run else 0, k=int(run.split(":")[2]), alpha=0.5, tau=2.0 + i,
                  speedup=1.1 + i, predicted=1.2 + i) for i, run in enumerate(runs)]
     with open(path, "w") as f:
-        json.dump({"flags": {"runs": runs}, "rows": rows}, f)
+        json.dump({"meta": {"runs": runs}, "rows": rows}, f)
     return str(path)
 
 
@@ -110,7 +110,7 @@ def test_paper_tables_without_measured_file_says_how_to_make_it(tmp_path, capsys
     stem = str(tmp_path / "paper_tables")
     with flagsaver.flagsaver(measured=str(tmp_path / "missing.json"), paper_out=stem):
         paper_tables.main([])
-    assert "bash experiments/drafters_table.sh --out=runs/drafters_table.json" in capsys.readouterr().out
+    assert "bash experiments/drafters_table.sh --out=runs/drafters_table" in capsys.readouterr().out
     rows = read_json(stem)["rows"]
     assert rows and all("ours_speedup" not in r for r in rows)
     assert any(r["model"] is not None for r in rows)
