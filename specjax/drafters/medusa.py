@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.trees import TreeSpec
+from specjax.trees import TreeSpec, choices_from_accuracies
 
 KIND = "medusa"
 LAYOUTS = ("per_head", "shared")
@@ -95,6 +95,8 @@ class MedusaDrafter:
     k: int
     num_heads: int
     tree: TreeSpec | None = None
+    target_layers = ()                # reads only the target's final hidden state, which every forward returns
+    target_weights = ()
 
     # state: the target's final hidden state [B, H] at the position that produced the last committed token
 
@@ -209,7 +211,6 @@ def rank_accuracy(topk_accuracy) -> list[list[float]]:
 def accuracy_tree(path_or_name: str | os.PathLike, num_nodes: int) -> tuple:
     """Tree choices of num_nodes nodes that maximise the expected accepted length under the heads' measured
     per-rank accuracies (recorded in the artifact's MANIFEST by the training recipe): Medusa's construction."""
-    from specjax.trees import choices_from_accuracies
     path = resolve(path_or_name, "drafter")
     record = artifacts.read_manifest_record(path)
     if "tree_rank_accuracy" not in record:        # Medusa-2 heads ship inside their target's directory
@@ -222,13 +223,13 @@ def accuracy_tree(path_or_name: str | os.PathLike, num_nodes: int) -> tuple:
 
 # --------------------------------------------------------------------------------------------------- registry
 
+_ACCEPTS = "Medusa heads: a directory (ours or a published layout), a shipped name, or medusa.load_heads(...)"
+
+
 def _build(req: BuildRequest):
-    heads = req.drafter
-    if isinstance(heads, (str, os.PathLike)):
-        heads = load_heads(heads, req.target)
-    if not isinstance(heads, MedusaHeads):
-        raise TypeError("method='medusa' needs drafter=<Medusa heads: a directory, a shipped name or "
-                        f"medusa.load_heads(...)>, got {type(heads).__name__}")
+    heads = req.drafter                 # registry.build has loaded a path or name and checked the type
+    if heads is None:
+        raise TypeError(f"method='medusa' needs drafter=<{_ACCEPTS}>, got None")
     cfg = req.config
     if (heads.hidden_size, heads.vocab_size) != (req.target.config.hidden_size, req.target.config.vocab_size):
         raise ValueError(f"Medusa heads {heads.name!r} are for hidden {heads.hidden_size} / vocab "
@@ -252,6 +253,5 @@ def _param_specs(drafter: MedusaDrafter, params, mesh):
     return {k: fit_spec(specs[k], params[k].shape, mesh) for k in params}
 
 
-register(DrafterSpec(KIND, _build, accepts="Medusa heads: a directory (ours or a published layout), a shipped "
-                     "name, or medusa.load_heads(...)", load=lambda target, path: load_heads(path, target),
-                     trees=True, param_specs=_param_specs))
+register(DrafterSpec(KIND, _build, accepts=_ACCEPTS, load=lambda target, path: load_heads(path, target),
+                     artifact=MedusaHeads, trees=True, param_specs=_param_specs))
