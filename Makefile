@@ -34,6 +34,7 @@ test-all: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q tests
 
 bench: $(VENV)/.test-installed
-	$(BIN)/python -m experiments.bench_plain
+	$(BIN)/python -m experiments.compare_engines --engines=specjax,transformers --targets=random:30m,random:110m \
+		--methods=plain --prompts=random --num_prompts=1 --rounds=3 --verify_curve --out=runs/bench
 
 .PHONY: install demo test test-slow test-all bench
