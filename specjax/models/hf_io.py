@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 
 from specjax.layout import axis_size, fit_spec, layout_axis, layout_index, leaf_spec, logical_params, plan_layout, \
     take_entries, validate_mesh
@@ -202,7 +204,6 @@ def load_tokenizer(path: str, cfg: ModelConfig | None = None):
     tok_path = os.path.join(os.fspath(path), TOKENIZER_NAME)
     if not os.path.isfile(tok_path):
         return None
-    from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(tok_path)
     except Exception as e:  # the Rust side raises a bare Exception
@@ -214,6 +215,24 @@ def load_tokenizer(path: str, cfg: ModelConfig | None = None):
                              f"vocab_size is {cfg.vocab_size}; token ids >= {cfg.vocab_size} would have no "
                              f"embedding")
     return tok
+
+
+def load_chat_template(path: str) -> str | None:
+    """The chat template of a checkpoint directory (tokenizer_config.json's chat_template, or a
+    chat_template.jinja file), None when it has none."""
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja) as f:
+            return f.read()
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(cfg_path):
+        return None
+    try:
+        with open(cfg_path) as f:
+            template = json.load(f).get("chat_template")
+    except ValueError as e:
+        raise ValueError(f"cannot parse {cfg_path}: {e}") from None
+    return template if isinstance(template, str) else None
 
 
 def load_pretrained(path, dtype=jnp.float32, *, load_tokenizer_file: bool = True, mesh: Mesh | None = None):
@@ -328,8 +347,6 @@ def save_pretrained(params: dict, cfg: ModelConfig, path, tokenizer=None, dtype:
                     max_shard_bytes: int | None = None) -> None:
     """Write a transformers-loadable checkpoint: config.json, model.safetensors (or shards + index when
     max_shard_bytes is given and the weights exceed it) and tokenizer.json when a tokenizer is given."""
-    from safetensors.numpy import save_file
-
     path = os.fspath(path)
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     if name not in _SAVE_DTYPES:

@@ -11,7 +11,8 @@ from jax.sharding import Mesh
 
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
-from specjax.models.hf_io import load_pretrained
+from specjax.models.gguf_io import convert_gguf
+from specjax.models.hf_io import load_chat_template, load_pretrained
 from specjax.models.llama import full_logits
 
 
@@ -21,6 +22,7 @@ class Model:
     params: dict
     tokenizer: Any = None           # tokenizers.Tokenizer or None
     name: str = ""
+    chat_template: str | None = None   # jinja2 source (tokenizer_config.json or GGUF metadata), None: no chat
 
     def logits(self, tokens) -> jax.Array:
         """Full forward, no cache: int32 [B, T] -> float32 [B, T, V]."""
@@ -45,14 +47,20 @@ _full_logits = jax.jit(full_logits, static_argnums=1)
 
 
 def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None) -> Model:
-    """A Hugging Face Llama/Qwen2/Mistral directory, or the name of a shipped model (specjax.checkpoints).
+    """A Hugging Face Llama/Qwen2/Mistral directory, a llama.cpp GGUF file, or the name of a shipped model or an
+    installed GGUF target such as "smollm2-135m" (specjax.checkpoints). A GGUF file is converted once to a float32
+    HF directory in the user cache (specjax.checkpoints.cache_dir) and loaded from there.
     mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
     the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
     and generate(mesh=...) places it, dims the axis does not divide replicated)."""
     path = checkpoints.resolve(path_or_name, "model")
+    name = os.path.basename(os.path.normpath(path))
+    if os.path.isfile(path):                                   # a GGUF file (resolve accepts no other file)
+        name = os.fspath(path_or_name) if not os.path.exists(os.fspath(path_or_name)) else name[:-len(".gguf")]
+        path = convert_gguf(path, checkpoints.cache_dir())
     kind = checkpoints.artifact_kind(path)
     if kind is not None:
         raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
                          f"generate(..., SpecConfig(method={kind!r}), drafter={os.fspath(path_or_name)!r})")
     params, cfg, tokenizer = load_pretrained(path, dtype=dtype, mesh=mesh)
-    return Model(cfg, params, tokenizer, os.path.basename(os.path.normpath(path)))
+    return Model(cfg, params, tokenizer, name, load_chat_template(path))
