@@ -17,8 +17,8 @@ dyn<D>x<K>: experiments.harness.tree_fields). --prompt_set: humaneval (the human
 experiments.prompts, or a JSONL file with one object per line holding a "prompt" string or a "turns" list
 (MT-bench: the first turn is used).
 
-Plain and speculative decoding alternate batch by batch after an untimed warm-up call of each, so drift in the
-machine's speed hits both alike. Printed and written (experiments.tables.write_table): alpha (accepted / drafted),
+Plain and speculative decoding alternate batch by batch after an untimed warm-up call of each (--rounds rounds
+per batch, the fastest kept), so drift in the machine's speed hits both alike. Printed and written (experiments.tables.write_table): alpha (accepted / drafted),
 tau (tokens per target pass, bonus included), tokens/s of both, the speedup, exactness (greedy: every output
 token-identical to plain decoding) and, with --predict, the speedup the measured draft/verify costs predict. The
 papers' numbers are data (--paper_numbers, experiments/paper_numbers.csv): the rows of this method, for this
@@ -40,8 +40,9 @@ import jax.numpy as jnp
 
 import specjax
 from specjax import SpecConfig
+from specjax import checkpoints
 from specjax.checkpoints import artifact_kind
-from specjax.drafters import artifacts, registry
+from specjax.drafters import registry
 from experiments import harness
 from experiments.prompts import load_prompt_set
 from experiments.tables import read_rows, write_table
@@ -69,7 +70,8 @@ flags.DEFINE_integer("top_k", 0, "top-k (0 = off)")
 flags.DEFINE_float("top_p", 1.0, "top-p (1 = off)")
 flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "weights' dtype (target and drafter); default bfloat16 "
                   "on accelerators, float32 on CPU")
-flags.DEFINE_integer("repeats", 1, "timed passes over the prompts (times averaged over them)")
+flags.DEFINE_integer("rounds", 1, "timed rounds over each batch, alternating plain and speculative decoding (the "
+                     "fastest of each kept)")
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_bool("predict", True, "also measure draft / verify costs and print the speedup they predict")
 flags.DEFINE_string("paper_row", None, "which paper rows to print beside ours: a row index (as printed), or "
@@ -195,7 +197,7 @@ def resolve_drafter(drafter: str | None, method: str | None, target_dir: str) ->
         return method, None
     if method is not None and registry.get(method).load is None:
         return method, drafter                   # a method whose drafter= is a name, not weights (suffix's cache)
-    path = artifacts.resolve(drafter)
+    path = checkpoints.resolve(drafter, "drafter")
     kind = artifact_kind(path) or published_kind(path)
     if kind is not None:
         return method or kind, drafter
@@ -328,7 +330,7 @@ def main(argv):
     if FLAGS.batch_size < 1 or FLAGS.num_prompts < 1 or FLAGS.max_new_tokens < 1:
         raise app.UsageError("--batch_size, --num_prompts and --max_new_tokens must be at least 1")
     target = specjax.load_model(FLAGS.target, dtype=dtype)
-    target_dir = artifacts.resolve(FLAGS.target)
+    target_dir = checkpoints.resolve(FLAGS.target, "model")
     method, artifact = resolve_drafter(FLAGS.drafter, FLAGS.method, target_dir)
     spec = registry.get(method)
     print(f"jax {jax.__version__} on {platform} ({jax.devices()[0].device_kind}); {dtype_name}; target "
@@ -351,7 +353,7 @@ def main(argv):
 
     # Plain and speculative alternate batch by batch, after an untimed (compiling) call of each.
     (base_outs, base), (outs, st) = harness.run_prompts(
-        target, prompts, [(plain, None), (config, drafter_arg)], repeats=FLAGS.repeats, seed=FLAGS.seed,
+        target, prompts, [(plain, None), (config, drafter_arg)], rounds=FLAGS.rounds, seed=FLAGS.seed,
         batch_size=FLAGS.batch_size)
     speedup = st["tokens_per_s"] / base["tokens_per_s"]
     greedy = plain.sampling.greedy
@@ -372,7 +374,7 @@ def main(argv):
                                                                  else ")"))
     print(f"  tau       {st['tau']:.2f}    (tokens per target pass, bonus token included)")
     print(f"  tokens/s  speculative {st['tokens_per_s']:.1f}, plain {base['tokens_per_s']:.1f} (same run, "
-          f"alternating, after warm-up; {FLAGS.repeats} timed pass{'es' if FLAGS.repeats > 1 else ''})")
+          f"alternating, after warm-up; fastest of {FLAGS.rounds} round{'s' if FLAGS.rounds > 1 else ''})")
     print(f"  speedup   {speedup:.2f}x" + (f"   (predicted {pred['predicted']:.2f}x from the measured costs: c "
                                           f"{pred['c']:.3f}, verify/decode {pred['verify_cost']:.2f}; decode loop "
                                           f"alone {pred['steady']:.2f}x)" if pred else ""))
@@ -416,7 +418,7 @@ def main(argv):
     write_table([row], stem, meta={"flags": {name: FLAGS[name].value for name in (
         "target", "drafter", "method", "k", "num_steps", "topk", "num_draft_tokens", "tree", "prompt_set",
         "prompt_template", "num_prompts", "batch_size", "max_new_tokens", "temperature", "top_k", "top_p",
-        "dtype", "repeats", "seed", "paper_row")}, "jax": jax.__version__, "device": jax.devices()[0].device_kind,
+        "dtype", "rounds", "seed", "paper_row")}, "jax": jax.__version__, "device": jax.devices()[0].device_kind,
         "paper_rows": [{k: v for k, v in r.items()} for r in paper[:8]]})
 
 

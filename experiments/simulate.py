@@ -27,13 +27,16 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import json
-import time
-
 import numpy as np
 from absl import app, flags
 
+import specjax
+from specjax import SpecConfig, api
 from specjax.analysis import expected_replay, positions_from_trace
+from specjax.drafters import registry
+from experiments import costs, harness
+from experiments.prompts import load_prompt_set
+from experiments.tables import pyplot, read_table, save_figure, write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target: shipped name or HF directory")
@@ -54,35 +57,40 @@ flags.DEFINE_integer("calibrate_mid_k", -1, "a third timed run for the calibrati
                      "(-1: k_max // 2; 0: none)")
 flags.DEFINE_integer("rounds", 10, "alternating timed rounds of the real runs (one call of each per round, the "
                      "fastest kept)")
-flags.DEFINE_string("trace", "", "replay this recorded trace (JSON from --out) instead of recording one")
-flags.DEFINE_string("out", "runs/simulate", "path stem of the table (.csv/.json/.png); the trace goes to <out>_trace.json")
+flags.DEFINE_string("trace", "", "replay this recorded trace (the <out>_trace table of an earlier run, .json) "
+                    "instead of recording one")
+flags.DEFINE_string("out", "runs/simulate/simulate", "path stem of the table (.csv/.json/.png); the recorded trace "
+                    "is the table <out>_trace (one row per request)")
 
 
-def record(target, ids, config, drafter) -> dict:
-    import specjax
-    res = specjax.generate(target, ids, config, drafter=drafter, pad_to=max(map(len, ids)))
-    return dict(trace=np.asarray(res.stats["accept_trace"]).tolist(), alpha=res.stats["alpha"],
-                generated=[len(t) for t in res.tokens])
+def record(prepared: api.Prepared, stem: str) -> dict:
+    """One run of the prepared k_max call, its per-row acceptance trace written as the table `stem` (one row per
+    request: its generated length and the accepted count of each step) -> {trace, alpha, generated}."""
+    res = api.run(prepared)
+    trace = np.asarray(res.stats["accept_trace"]).tolist()
+    write_table([dict(row=i, generated=len(t), trace=steps) for i, (t, steps) in enumerate(zip(res.tokens, trace))],
+                stem, meta=dict(alpha=res.stats["alpha"], k_max=prepared.config.k))
+    return dict(trace=trace, alpha=res.stats["alpha"], generated=[len(t) for t in res.tokens])
+
+
+def read_trace(path: str) -> dict:
+    """A trace table record() wrote -> {trace, alpha, generated}."""
+    table = read_table(path)
+    rows = sorted(table["rows"], key=lambda r: r["row"])
+    return dict(trace=[r["trace"] for r in rows], alpha=table["meta"]["alpha"],
+                generated=[r["generated"] for r in rows])
 
 
 def main(argv):
     del argv
-    import specjax
-    from specjax import SpecConfig
-    from specjax.decode import buffer_length
-    from specjax.drafters.registry import BuildRequest, build as build_drafter
-    from specjax.drafters import registry
-    from experiments import costs
-    from experiments.prompts import load_prompt_set
-    from experiments.tables import pyplot, save_figure, write_table
-
     ks = [int(k) for k in FLAGS.ks]
     if max(ks) > FLAGS.k_max:
         raise app.UsageError(f"--ks {ks} go past --k_max={FLAGS.k_max}: a trace says nothing beyond its own k")
     target = specjax.load_model(FLAGS.target)
     prompts = load_prompt_set(FLAGS.prompt_set, FLAGS.batch_size, target.tokenizer)[:FLAGS.batch_size]
-    ids = [target.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+    ids = [harness.prompt_ids(target, p) for p in prompts]
     B, N = len(ids), FLAGS.max_new_tokens
+    longest = max(map(len, ids))                # the real runs pad to the longest: the smallest buffer
     spec = registry.get(FLAGS.method)
     drafter = spec.load(target, FLAGS.drafter) if (FLAGS.drafter and spec.load) else (FLAGS.drafter or None)
     config = lambda k, **policy: SpecConfig(method=FLAGS.method, num_speculative_tokens=k, max_new_tokens=N,
@@ -90,41 +98,38 @@ def main(argv):
     threshold = FLAGS.acceptance_rate_threshold if FLAGS.acceptance_rate_threshold >= 0 else None
     window = FLAGS.acceptance_rate_window_size
 
+    # Every call prepared once (drafter built, buffer planned, arrays placed), as generate() would; runs timed.
+    prepared = {k: api.prepare(target, ids, config(k), drafter=drafter, pad_to=longest)
+                for k in sorted(set(ks) | {FLAGS.k_max})}
+    plain_config = SpecConfig(max_new_tokens=N, stop_at_eos=False)
+    plain = api.prepare(target, ids, plain_config, pad_to=longest)
     if FLAGS.trace:
-        with open(FLAGS.trace) as f:
-            recorded = json.load(f)
+        recorded = read_trace(FLAGS.trace)
     else:
-        t0 = time.perf_counter()
-        recorded = record(target, ids, config(FLAGS.k_max), drafter)
-        print(f"recorded a k={FLAGS.k_max} trace of {B} rows in {time.perf_counter() - t0:.0f} s "
-              f"(alpha {recorded['alpha']:.3f})", flush=True)
-        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-        with open(FLAGS.out + "_trace.json", "w") as f:
-            json.dump(recorded, f)
+        recorded = record(prepared[FLAGS.k_max], FLAGS.out + "_trace")
+        print(f"recorded a k={FLAGS.k_max} trace of {B} rows (alpha {recorded['alpha']:.3f})", flush=True)
     rows = positions_from_trace(np.asarray(recorded["trace"]), FLAGS.k_max, recorded["generated"])
     tested = np.concatenate([r[r >= 0] for r in rows])
     rate = float(tested.mean())
     print(f"{sum(map(len, rows))} positions, {len(tested)} tested, agreement {rate:.3f}")
 
-    # Costs at this batch size and buffer, as the loop pays them.
-    buf = buffer_length(max(map(len, ids)), N, FLAGS.k_max)                # the real runs pad to the longest
-    context = int(np.mean([len(r) for r in ids])) + N // 2
-    t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
-    longest = max(len(r) for r in ids)
-    t_pre = costs.prefill_seconds(target, ids, buf, pad_to=longest)          # as the real runs pay it
+    # Costs at this batch size, each at the context and buffer of the run that pays it (its Prepared).
+    context = harness.measured_context(target, ids, N, prepared[FLAGS.k_max])
+    t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=plain.buffer_len)
+    t_pre = costs.prefill_seconds(target, ids, prepared[FLAGS.k_max].buffer_len, pad_to=longest)  # as runs pay it
 
     def step_costs(k: int) -> tuple[float, float, float]:
         """(propose, verify, drafter init) seconds at chain length k."""
         if k == 0:
             return 0.0, t1, 0.0
-        d_obj, d_params = build_drafter(BuildRequest(config(k), target, drafter, ids, max(buf, context + 2 * k + 8)))
-        tp = costs.propose_seconds(d_obj, d_params, target, context, config(k).sampling, batch=B, cache_size=buf)
-        tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
-        ti = costs.init_seconds(d_obj, d_params, target, longest, config(k).sampling, batch=B, cache_size=buf,
-                                reps=3, inner=2)
+        p = prepared[k]
+        tp = costs.propose_seconds(p.drafter, p.draft_params, target, context, p.config.sampling, batch=B,
+                                   cache_size=p.buffer_len)
+        tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=p.buffer_len)
+        ti = costs.init_seconds(p.drafter, p.draft_params, target, longest, p.config.sampling, batch=B,
+                                cache_size=p.buffer_len, reps=3, inner=2)
         return tp, tv, ti
 
-    plain_config = SpecConfig(max_new_tokens=N, stop_at_eos=False)
     choices = [(f"k={k}", k, {}) for k in ks]
     if threshold is not None:
         choices += [(f"k={k} switch<{threshold:g}", k, dict(acceptance_rate_threshold=threshold,
@@ -143,23 +148,20 @@ def main(argv):
     # Real runs, timed in alternation (one call of each per round, the fastest kept) so this machine's drift hits
     # them alike: plain decoding, a middle k and the recorded k_max run for the calibration, every choice for the
     # check.
-    real_configs = {"plain": plain_config}
+    real_runs = {"plain": plain}
     mid_k = FLAGS.k_max // 2 if FLAGS.calibrate_mid_k < 0 else FLAGS.calibrate_mid_k
     anchor_ks = sorted({k for k in (mid_k, FLAGS.k_max) if 0 < k <= FLAGS.k_max}) if FLAGS.calibrate else []
     for k in anchor_ks:                             # the same program as the choice k: one sample of it
-        real_configs[f"k={k}"] = config(k)
+        real_runs[f"k={k}"] = prepared[k] if k in prepared else api.prepare(target, ids, config(k),
+                                                                            drafter=drafter, pad_to=longest)
     if FLAGS.check:
-        real_configs.update({label: config(k, **policy) for label, k, policy in choices})
+        real_runs.update({label: prepared[k] if not policy else api.prepare(
+            target, ids, config(k, **policy), drafter=drafter, pad_to=longest) for label, k, policy in choices})
     real = {}
-    if len(real_configs) > 1:
-        call = lambda cfg: specjax.generate(target, ids, cfg, drafter=drafter if cfg.method != "none" else None,
-                                            pad_to=max(map(len, ids)))
-        real = {name: [float("inf"), call(cfg)] for name, cfg in real_configs.items()}        # compile
-        for _ in range(FLAGS.rounds):
-            for name, cfg in real_configs.items():
-                t0 = time.perf_counter()
-                call(cfg)
-                real[name][0] = min(real[name][0], time.perf_counter() - t0)
+    if len(real_runs) > 1:
+        seconds, results = costs.fastest_alternating({name: (lambda p=p: api.run(p)) for name, p in
+                                                      real_runs.items()}, FLAGS.rounds)
+        real = {name: [seconds[name], results[name]] for name in real_runs}
 
     def measured_step(label: str, k: int) -> float:
         """A fixed-k real run's loop step time: its wall time less the prefill and the drafter's init, over its
