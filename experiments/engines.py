@@ -29,7 +29,6 @@ import numpy as np
 
 import specjax
 from specjax import SpecConfig
-from specjax.checkpoints import resolve
 
 METHODS = ("plain", "draft_model", "ngram")
 
@@ -68,11 +67,6 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], method: Method) -> Generation: ...
 
     def close(self) -> None: ...
-
-
-def model_dir(name: str) -> str:
-    """A directory, or the name of a shipped model."""
-    return resolve(name, "model")
 
 
 def build_random_target(shape: str, path: str) -> str:
@@ -283,4 +277,4 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 __all__ = ["ENGINES", "Engine", "Generation", "METHODS", "Method", "RANDOM_SHAPES", "SpecjaxEngine",
-           "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "model_dir", "top2"]
+           "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]

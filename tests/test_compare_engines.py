@@ -135,7 +135,7 @@ def test_a_method_an_engine_does_not_run_is_skipped_and_said(tmp_path):
 
     said = []
     rows, _ = compare({"echo": Echo(), "other": Other()}, {1: [[[3]]], 2: [[[3], [4]]]},
-                      [Method("plain", 2), Method("ngram", 2)], rounds=1, log=said.append)
+                      [Method("plain", 2), Method("ngram", 2)], rounds=2, settle_s=0.001, log=said.append)
     assert [(r["batch"], r["method"]) for r in rows] == [(1, "plain"), (2, "plain")]
     assert any("batch 2, plain: echo (" in s for s in said) and any("batch 1, ngram: echo, other" in s for s in said)
     assert rows[0]["other_identical_rows"] == 0 and rows[0]["other_first_difference"] == 1
