@@ -19,13 +19,15 @@ import numpy as np
 
 import specjax
 from specjax.drafters import eagle
+from experiments.tables import write_table
 from train import self_distill
 
 flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory")
 flags.DEFINE_string("drafter", "stdlib-target-eagle3", "the trained EAGLE-3 drafter (shipped name or directory)")
 flags.DEFINE_list("sizes", ["256", "512", "1024"], "draft vocabulary sizes to cut down to")
 flags.DEFINE_integer("num_train", 6144, "self-distillation rows the drafter was trained on (token counts)")
-flags.DEFINE_string("out_dir", "runs/eagle3_vocab", "where the cut drafters are written (gitignored)")
+flags.DEFINE_string("out_dir", "runs/eagle3_vocab", "where the cut drafters are written (gitignored), and the "
+                    "coverage table (coverage.csv, .json)")
 FLAGS = flags.FLAGS
 
 
@@ -46,7 +48,7 @@ def main(argv):
     heldout = np.asarray(ds["heldout"])
     greedy = heldout[:int(round(ds["meta"]["greedy_fraction"] * len(heldout)))]
     print(f"{'N':>6} {'held-out coverage (greedy rows)':>32} {'(all rows)':>11}  artifact")
-    runs = []
+    runs, records = [], []
     for n in sorted({int(s) for s in FLAGS.sizes} | {full.config.draft_vocab_size}, reverse=True):
         w = full if n == full.config.draft_vocab_size else eagle.restrict_draft_vocab(full, counts, n)
         ids = eagle.draft_to_target(w.d2t)
@@ -55,9 +57,14 @@ def main(argv):
             eagle.save(path, w, target, f"{FLAGS.drafter} cut to its {n} most frequent draft tokens "
                                         f"(experiments.eagle_vocab, counts of {FLAGS.num_train} self-distilled rows)")
         art = FLAGS.drafter if w is full else path
-        print(f"{n:>6} {coverage(greedy, first, ids, V):>32.4f} {coverage(heldout, first, ids, V):>11.4f}  {art}")
+        records.append(dict(draft_vocab=n, coverage_greedy=coverage(greedy, first, ids, V),
+                            coverage_all=coverage(heldout, first, ids, V), artifact=art))
+        print(f"{n:>6} {records[-1]['coverage_greedy']:>32.4f} {records[-1]['coverage_all']:>11.4f}  {art}")
         runs.append(f"humaneval:eagle3:4:drafter={art}:label=eagle3-N{n}")
-    print("\ntau / alpha / c per N (one run): python -m experiments.speedup --runs=" + ",".join(runs))
+    command = "python -m experiments.speedup --runs=" + ",".join(runs)
+    write_table(records, os.path.join(FLAGS.out_dir, "coverage"), meta={
+        "target": FLAGS.target, "drafter": FLAGS.drafter, "num_train": FLAGS.num_train, "speedup_command": command})
+    print(f"\ntau / alpha / c per N (one run): {command}")
 
 
 if __name__ == "__main__":

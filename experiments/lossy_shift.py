@@ -21,8 +21,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses
-import json
-import time
 
 from absl import app, flags
 import jax
@@ -34,6 +32,7 @@ from specjax import SpecConfig
 from specjax.drafters import registry
 from specjax.sampling import probabilities
 from experiments.prompts import load_prompt_set
+from experiments.tables import write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target model")
@@ -52,7 +51,8 @@ flags.DEFINE_integer("num_prompts", 8, "HumanEval prompts for the sequence-level
 flags.DEFINE_integer("repeats", 4, "samples per prompt for the sequence-level measurement")
 flags.DEFINE_integer("max_new_tokens", 96, "continuation length for the sequence-level measurement")
 flags.DEFINE_integer("batch", 2000, "requests per generate() call")
-flags.DEFINE_string("out", "runs/lossy_shift.json", "where the numbers are written")
+flags.DEFINE_string("out", "runs/lossy_shift/lossy_shift", "path stem of the two tables: <out>_next_token and "
+                    "<out>_sequence (.csv, .json)")
 
 
 def configs() -> dict[str, SpecConfig]:
@@ -130,25 +130,24 @@ def main(argv):
     drafter = spec.load(target, artifacts[FLAGS.method]) if FLAGS.method in artifacts and spec.load else None
     cfgs = configs()
     sp = cfgs["exact"].sampling
-    results = {"settings": {k: FLAGS[k].value for k in ("target", "method", "drafters", "tree", "temperature",
-                                                         "posterior_threshold", "posterior_alpha", "samples",
-                                                         "num_contexts", "num_prompts", "repeats",
-                                                         "max_new_tokens")}, "next_token": [], "sequence": {}}
+    settings = {k: FLAGS[k].value for k in ("target", "method", "drafters", "tree", "temperature",
+                                            "posterior_threshold", "posterior_alpha", "samples", "num_contexts",
+                                            "num_prompts", "repeats", "max_new_tokens")}
+    next_token, sequence = [], []
     prompts = load_prompt_set("humaneval", max(FLAGS.num_contexts, FLAGS.num_prompts), target.tokenizer)
     print(f"1. second generated token: TV / KL(p2 || empirical) over {FLAGS.samples} samples per context")
     for c in range(FLAGS.num_contexts):
         ctx = target.tokenize(prompts[c])
-        t0 = time.time()
         p2, left = second_token_distribution(target, ctx, sp)
-        row = {"context": c, "tail_mass_left_out": left}
+        rows = []
         for name, cfg in cfgs.items():
             toks, st = decode_many(target, ctx, dataclasses.replace(cfg, max_new_tokens=2),
                                    drafter if cfg.method != "none" else None, FLAGS.samples, seed=100 + c)
             tv, kl = tv_kl(p2, np.bincount(toks[:, 1], minlength=len(p2)).astype(np.float64))
-            row[name] = {"tv": tv, "kl": kl}
-        results["next_token"].append(row)
-        print(f"  context {c}: " + "  ".join(f"{n}: TV {row[n]['tv']:.4f} KL {row[n]['kl']:.4f}" for n in cfgs)
-              + f"  (enumeration left out {left:.1e} of p(t1); {time.time() - t0:.0f}s)", flush=True)
+            rows.append({"context": c, "rule": name, "tv": tv, "kl": kl, "tail_mass_left_out": left})
+        next_token += rows
+        print(f"  context {c}: " + "  ".join(f"{r['rule']}: TV {r['tv']:.4f} KL {r['kl']:.4f}" for r in rows)
+              + f"  (enumeration left out {left:.1e} of p(t1))", flush=True)
     print(f"\n2. per-token NLL under the target of {FLAGS.max_new_tokens}-token continuations "
           f"({FLAGS.num_prompts} HumanEval prompts x {FLAGS.repeats} samples)")
     for name, cfg in cfgs.items():
@@ -161,14 +160,12 @@ def main(argv):
             nll.extend(sequence_nll(target, ids, r.tokens).tolist())
             taus.append(r.stats["tau"])
         nll = np.array(nll)
-        results["sequence"][name] = {"nll_mean": float(nll.mean()), "nll_sem": float(nll.std(ddof=1) / np.sqrt(len(nll))),
-                                     "tau": float(np.mean(taus))}
-        s = results["sequence"][name]
+        s = {"rule": name, "nll_mean": float(nll.mean()), "nll_sem": float(nll.std(ddof=1) / np.sqrt(len(nll))),
+             "tau": float(np.mean(taus))}
+        sequence.append(s)
         print(f"  {name:>14}: NLL {s['nll_mean']:.4f} +- {s['nll_sem']:.4f} nats/token, tau {s['tau']:.2f}")
-    os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-    with open(FLAGS.out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"\nwritten to {FLAGS.out}")
+    write_table(next_token, FLAGS.out + "_next_token", meta=settings)
+    write_table(sequence, FLAGS.out + "_sequence", meta=settings)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ greedy output.
 """
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -18,6 +17,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.drafters.suffix import SuffixCache
 from experiments.prompts import load_prompt_set
+from experiments.tables import write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "stdlib-target", "target model: shipped name or HF directory")
@@ -26,7 +26,8 @@ flags.DEFINE_integer("num_prompts", 8, "distinct prompts")
 flags.DEFINE_integer("passes", 2, "times the prompt set is answered")
 flags.DEFINE_integer("k", 8, "num_speculative_tokens (tree nodes per step)")
 flags.DEFINE_integer("max_new_tokens", 96, "tokens generated per prompt")
-flags.DEFINE_string("out", "runs/suffix_cache.json", "where the curve is written as JSON ('' = nowhere)")
+flags.DEFINE_string("out", "runs/suffix_cache/suffix_cache", "path stem of the curve's table (.csv, .json; '' = "
+                    "nowhere)")
 
 
 def main(argv):
@@ -55,10 +56,8 @@ def main(argv):
         print(f"pass {rnd + 1}: mean tau {np.mean(taus):.2f} over {len(taus)} prompts")
     print(f"all outputs equal plain greedy: {all(c['exact'] for c in curve)}")
     if FLAGS.out:
-        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump({"target": target.name, "k": FLAGS.k, "max_new_tokens": FLAGS.max_new_tokens,
-                       "curve": curve}, f, indent=1)
+        write_table(curve, FLAGS.out, meta={"target": target.name, "prompts": FLAGS.prompts, "k": FLAGS.k,
+                                            "max_new_tokens": FLAGS.max_new_tokens, "passes": FLAGS.passes})
 
 
 if __name__ == "__main__":

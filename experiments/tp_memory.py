@@ -14,12 +14,14 @@ from absl import app, flags
 
 from specjax import layout
 from specjax.models.config import ModelConfig
+from experiments.tables import write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("devices", ["8", "16"], "device counts")
 flags.DEFINE_integer("dtype_bytes", 2, "bytes per weight / cache entry (bf16: 2)")
 flags.DEFINE_integer("context", 8192, "tokens per request, for the capacity column")
 flags.DEFINE_list("hbm_gib", ["80", "16"], "memory per device in GiB, one capacity column each (H100: 80, TPU v5e: 16)")
+flags.DEFINE_string("out", "runs/tp_memory/tp_memory", "path stem of the table (.csv, .json)")
 
 RESERVE = 5e9          # activations and XLA scratch, per device
 # config.json fields of the published checkpoints.
@@ -36,29 +38,44 @@ MODELS = {
 }
 
 
-def rows(name: str, cfg: ModelConfig, devices: int) -> list[str]:
+def rows(name: str, cfg: ModelConfig, devices: int) -> list[dict]:
+    """One row per (data, model) mesh of `devices` devices: whether the model can use it (and why not), and what
+    each device holds."""
     out = []
     for model in [m for m in range(1, devices + 1) if devices % m == 0]:
         data = devices // model
-        mesh = f"({data}, {model})"
+        row = dict(model=name, devices=devices, data=data, model_axis=model)
         try:
             mem = layout.memory_per_device(cfg, data, model, dtype_bytes=FLAGS.dtype_bytes)
         except ValueError as e:
             why = str(e).split(";")[0].replace("mesh 'model' axis of size", "model axis")
             hint = str(e).rsplit("e.g. ", 1)[-1]
-            out.append(f"| {name} | {devices} | {mesh} | no: {why}; use {hint} | | | | |" + " |" * len(FLAGS.hbm_gib))
+            out.append(dict(row, works=False, why_not=f"{why}; use {hint}"))
             continue
         lay = mem.layout
         per_request = mem.kv_per_token * FLAGS.context            # on each of the model devices of its replica
-        fits = []
-        for hbm in map(float, FLAGS.hbm_gib):
-            free = hbm * 2 ** 30 - mem.params - RESERVE
-            fits.append(str(int(free // per_request) * data) if free > 0 else "weights do not fit")
-        out.append(f"| {name} | {devices} | {mesh} | yes | {lay.kv_heads // model} of {lay.kv_heads} "
-                   f"(x{lay.kv_repeat}) | {lay.vocab} | {mem.params / 1e9:.2f} (+{mem.params_replication / 1e9:.2f} "
-                   f"repl, +{mem.params_padding / 1e9:.2f} pad) | {mem.kv_per_token / 1024:.0f} "
-                   f"(+{mem.kv_per_token_replication / 1024:.0f} repl) | {' | '.join(fits)} |")
+        fits = {}
+        for hbm in FLAGS.hbm_gib:
+            free = float(hbm) * 2 ** 30 - mem.params - RESERVE
+            fits[f"requests_{hbm}gib"] = int(free // per_request) * data if free > 0 else None  # None: no room
+        out.append(dict(row, works=True, kv_heads_per_device=lay.kv_heads // model, kv_heads=lay.kv_heads,
+                        kv_copies=lay.kv_repeat, vocab_placed=lay.vocab, params_gb=mem.params / 1e9,
+                        params_replication_gb=mem.params_replication / 1e9,
+                        params_padding_gb=mem.params_padding / 1e9, kv_kib_per_token=mem.kv_per_token / 1024,
+                        kv_replication_kib_per_token=mem.kv_per_token_replication / 1024, **fits))
     return out
+
+
+def markdown(r: dict) -> str:
+    mesh = f"({r['data']}, {r['model_axis']})"
+    if not r["works"]:
+        return f"| {r['model']} | {r['devices']} | {mesh} | no: {r['why_not']} | | | | |" + " |" * len(FLAGS.hbm_gib)
+    fits = [str(r[f"requests_{h}gib"]) if r[f"requests_{h}gib"] is not None else "weights do not fit"
+            for h in FLAGS.hbm_gib]
+    return (f"| {r['model']} | {r['devices']} | {mesh} | yes | {r['kv_heads_per_device']} of {r['kv_heads']} "
+            f"(x{r['kv_copies']}) | {r['vocab_placed']} | {r['params_gb']:.2f} (+{r['params_replication_gb']:.2f} "
+            f"repl, +{r['params_padding_gb']:.2f} pad) | {r['kv_kib_per_token']:.0f} "
+            f"(+{r['kv_replication_kib_per_token']:.0f} repl) | {' | '.join(fits)} |")
 
 
 def main(_):
@@ -68,11 +85,15 @@ def main(_):
           "| params GB per device | KV KiB per token per device | "
           + " | ".join(f"{h} GiB devices: requests" for h in FLAGS.hbm_gib) + " |")
     print("|---|---|---|---|---|---|---|---|" + "---|" * len(FLAGS.hbm_gib))
+    records = []
     for name, hf in MODELS.items():
         cfg = ModelConfig.from_hf(hf)
         for devices in map(int, FLAGS.devices):
             for row in rows(name, cfg, devices):
-                print(row)
+                print(markdown(row))
+                records.append(row)
+    write_table(records, FLAGS.out, meta={k: FLAGS[k].value for k in ("devices", "dtype_bytes", "context",
+                                                                      "hbm_gib")} | {"reserve_bytes": RESERVE})
 
 
 if __name__ == "__main__":
