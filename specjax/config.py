@@ -17,7 +17,8 @@ ACCEPTANCE_RATE_WINDOW = 16                        # speculative steps the accep
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
     method: str = "none"
-    num_speculative_tokens: int | None = None       # k; required for every method but "none"
+    num_speculative_tokens: int | None = None       # k; required for every method but "none" and those whose
+                                                    # options fix it (derived then; DrafterSpec.derive_k)
     prompt_lookup_min: int | None = None           # ngram / predicted: vLLM defaults (5, each copies the other)
     prompt_lookup_max: int | None = None
     temperature: float = 0.0
@@ -66,7 +67,7 @@ class SpecConfig:
         elif not spec.speculates:
             if k not in (None, 0):
                 raise ValueError(f"method='none' takes no num_speculative_tokens (got {k})")
-        else:
+        elif k is not None or spec.derive_k is None:
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
                 raise ValueError(f"num_speculative_tokens (k) must be an int in [1, {MAX_SPECULATIVE_TOKENS}] "
                                  f"for method={self.method!r}, got {k!r}")
@@ -94,7 +95,20 @@ class SpecConfig:
             raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
         if spec.validate is not None:
             spec.validate(self)
+        if spec.derive_k is not None:
+            self._validate_derived_k(spec)
         self._validate_policy()
+
+    def _validate_derived_k(self, spec: registry.DrafterSpec) -> None:
+        """A method whose options fix k: a given num_speculative_tokens must be that k (unset, it is derived)."""
+        derived, k = spec.derive_k(self), self.num_speculative_tokens
+        if not 1 <= derived <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"method={self.method!r}: its drafter_options fix k = {derived} tokens per step, "
+                             f"outside [1, {MAX_SPECULATIVE_TOKENS}]")
+        if k is not None and k != derived:
+            raise ValueError(f"num_speculative_tokens={k} disagrees with k = {derived}, fixed by the "
+                             f"drafter_options of method={self.method!r}; leave num_speculative_tokens unset (it "
+                             f"is derived) or set it to {derived}")
 
     def _validate_fields(self, spec: registry.DrafterSpec) -> None:
         """A field the method does not read would be silently ignored: refuse it. Options are checked against
@@ -222,12 +236,16 @@ class SpecConfig:
 
     @property
     def k(self) -> int:
-        """Drafted tokens per step: the chain length, or the tree's nodes besides the root."""
+        """Drafted tokens per step: the chain length, or the tree's nodes besides the root; for a method whose
+        options fix it (DrafterSpec.derive_k) and num_speculative_tokens unset, the derived k."""
         if self.tree_choices is not None:
             return len(self.tree_choices)
         if self.num_draft_tokens is not None:
             return self.num_draft_tokens - 1
-        return self.num_speculative_tokens or 0
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        derive = registry.get(self.method).derive_k
+        return 0 if derive is None else derive(self)
 
     @property
     def sampling(self) -> SamplingParams:

@@ -1,15 +1,19 @@
-"""generate(): prefill, then ONE lax.while_loop over (propose -> verify -> accept -> commit).
+"""generate()'s compiled program: prefill, then ONE lax.while_loop over (propose -> verify -> accept -> commit).
 
 Plain decoding is this loop with the null drafter (k = 0): baseline and speculative runs share every line except
 the drafter, which keeps their comparison fair. The whole generation is a single compiled XLA program.
 
 With an acceptance policy (SpecConfig.acceptance_rate_threshold) the batch switches to plain one-token steps for
 good once its acceptance over the last acceptance_rate_window_size speculative steps falls below the threshold
-(TensorRT-LLM's rule): the loop then exits into a second loop over the same body with the plain step.
+(TensorRT-LLM's rule): the loop then exits into a second loop over the same state with the plain step.
 
 Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
 first length - 1 of them; the last committed token is fed to the target together with the k drafts (a tree:
 as node 0 of its T = k + 1 nodes, whose accepted root-to-node path is then compacted into contiguous KV slots).
+
+In the code: `decode_loop` builds the LoopInputs (what no step changes) and the first LoopState (prefill and
+the first token), then loops `speculative_step` (and `plain_step` after a policy switch), each a function
+LoopState -> LoopState.
 """
 from __future__ import annotations
 
@@ -26,8 +30,7 @@ from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward, kv_heads
 from specjax.sampling import probabilities, sample
-from specjax.verify import (chain_greedy, chain_sampled, chain_typical_lossy, tree_greedy, tree_sampled,
-                            tree_typical_lossy)
+from specjax.verify import accept
 
 
 class DecodeStats(NamedTuple):
@@ -48,15 +51,31 @@ class PolicyState(NamedTuple):
 
 
 class LoopState(NamedTuple):
-    tokens: jax.Array           # [B, L]
-    length: jax.Array           # [B]
-    num_new: jax.Array          # [B]
-    done: jax.Array             # [B] bool
-    cache: KVCache | GroupedKVCache   # grouped: a ragged batch's prefill groups (prefill_forward)
-    draft_state: Any
-    step: jax.Array             # [] int32
+    """The while_loop's carry: what a step reads and returns."""
+    tokens: jax.Array           # [B, L] prompt + committed tokens; entries at or past `length` are stale
+    length: jax.Array           # [B] committed tokens, prompt included
+    num_new: jax.Array          # [B] tokens generated so far (at most max_new_tokens)
+    done: jax.Array             # [B] bool: the row hit EOS or its budget and commits nothing more
+    cache: KVCache | GroupedKVCache   # the target's; grouped: a ragged batch's prefill groups (prefill_forward)
+    draft_state: Any            # the drafter's own carry (init -> propose -> commit)
+    step: jax.Array             # [] int32 loop steps taken
     stats: DecodeStats
     policy: PolicyState | None  # None: no acceptance policy (one loop, no switch)
+
+
+class LoopInputs(NamedTuple):
+    """What every step reads and none changes: the call's arrays and its static settings. Built while tracing
+    decode_loop and closed over by the steps; never itself a jit argument."""
+    target_params: dict
+    draft_params: Any
+    prompt_lengths: jax.Array   # [B]
+    request_keys: jax.Array     # [B, 2] one PRNG key per request
+    eos_id: jax.Array           # [] int32; -1: none
+    target_layers: tuple[int, ...]    # the drafter's declared target layers (requested from every forward)
+    target_weights: dict        # {name: array}: the drafter's declared target weights
+    cfg: ModelConfig
+    drafter: Drafter
+    spec: SpecConfig
 
 
 def round_up(n: int, m: int) -> int:
@@ -69,62 +88,13 @@ def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens
     return round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
 
 
-def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
-    """buf [B, L], new [B, n] written at starts[b]."""
-    return jax.vmap(lambda b, x, s: lax.dynamic_update_slice(b, x, (s,)))(buf, new, starts)
-
-
-def _accepted_then_next(drafted: jax.Array, n: jax.Array, nxt: jax.Array) -> jax.Array:
-    """drafted [B, D] (a chain, or the accepted tree path), n [B] accepted, nxt [B] -> [B, D+1]: the n accepted
-    drafts, then the target's token; what follows is never committed."""
-    pos = jnp.arange(drafted.shape[1] + 1)[None, :]
-    return jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])
-
-
-def _target_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
-    """logits [B, V] -> the target's own next token [B]: its argmax, or a sample from the sampling transform."""
-    if spec.sampling.greedy:
-        return jnp.argmax(logits, -1).astype(jnp.int32)
-    return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
-
-
-def _verify_tree(target_params: dict, cfg: ModelConfig, spec: SpecConfig, draft: Draft, cache: KVCache | GroupedKVCache,
-                 key: jax.Array, layers: tuple) -> tuple[jax.Array, jax.Array, ForwardOut, Verified]:
-    """One target forward over the T tree nodes (root = last committed token), accept a root-to-node path, and
-    compact its KV entries (slots lengths + node index) to contiguous slots from lengths.
-
-    Returns (new [B, D+1]: the path's drafted tokens then the next token, n [B] accepted drafts, the target
-    output gathered along the path, so drafters see it in sequence order like a chain, with the compacted cache,
-    and the whole verify pass).
-    """
-    tree, sp = draft.tree, spec.sampling
-    out = forward(target_params, cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
-                  hidden_layers=layers, implementation=spec.implementation)
-    verified = Verified(tree.tokens, tree.parents, out)
-    if sp.greedy:
-        path, n, nxt = tree_greedy(tree.tokens, tree.parents, out.logits, tree.max_depth)
-    elif spec.acceptance_method == "typical_lossy":
-        path, n, nxt = tree_typical_lossy(key, tree.tokens, tree.parents, probabilities(out.logits, sp),
-                                          spec.posterior_threshold, spec.posterior_alpha, tree.max_depth)
-    else:
-        path, n, nxt = tree_sampled(key, tree.tokens, tree.parents, draft.probs, probabilities(out.logits, sp),
-                                    tree.max_depth)
-    idx = jnp.maximum(path, 0)                                                      # [B, D+1], -1 pads -> root
-    drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
-    new = _accepted_then_next(drafted, n, nxt)                                      # [B, D+1]
-    along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
-    out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
-                     out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
-    return new, n, out, verified
-
-
-def target_exposure(drafter: Drafter, target_params: dict, vocab_size: int | None = None) -> tuple[tuple[int, ...], dict]:
+def target_exposure(drafter: Drafter, target_params: dict,
+                    vocab_size: int | None = None) -> tuple[tuple[int, ...], dict]:
     """What a drafter declared it reads of the target: (layer indices requested from every target forward,
     {name: target weight}). A drafter that declares nothing gets ((), {}): the forward computes nothing extra.
     vocab_size: the logical vocabulary; the embedding / LM head a mesh padded are handed over cut back to it."""
-    layers = tuple(getattr(drafter, "target_layers", ()))
-    return layers, {name: target_weight(target_params, name, vocab_size)
-                    for name in getattr(drafter, "target_weights", ())}
+    return tuple(drafter.target_layers), {name: target_weight(target_params, name, vocab_size)
+                                          for name in drafter.target_weights}
 
 
 # What a group's own cache costs the decode loop per step (gathers and an attention call of its own in every
@@ -195,127 +165,191 @@ def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_l
                       tuple(gather(lambda o, i=i: o.layer_hidden[i], P) for i in range(len(hidden_layers))), cache)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The loop's pieces. Each reads the LoopInputs `run` and the current LoopState `s`.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _write_rows(buf: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
+    """buf [B, L], new [B, n] written at starts[b]."""
+    return jax.vmap(lambda b, x, s: lax.dynamic_update_slice(b, x, (s,)))(buf, new, starts)
+
+
+def _accepted_then_next(drafted: jax.Array, n: jax.Array, nxt: jax.Array) -> jax.Array:
+    """drafted [B, D] (a chain, or the accepted tree path), n [B] accepted, nxt [B] -> [B, D+1]: the n accepted
+    drafts, then the target's token; what follows is never committed."""
+    pos = jnp.arange(drafted.shape[1] + 1)[None, :]
+    return jnp.where(pos < n[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), nxt[:, None])
+
+
+def _target_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
+    """logits [B, V] -> the target's own next token [B]: its argmax, or a sample from the sampling transform."""
+    if spec.sampling.greedy:
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
+
+
+def _step_keys(run: LoopInputs, step: jax.Array | int) -> jax.Array:
+    """[B] keys: each request's own key folded with the step (0: the first token, t: loop step t)."""
+    return jax.vmap(lambda key: jax.random.fold_in(key, step))(run.request_keys)
+
+
+def _context(run: LoopInputs, s: LoopState) -> Context:
+    return Context(s.tokens, s.length, run.prompt_lengths, run.target_weights)
+
+
+def _running(run: LoopInputs, s: LoopState) -> jax.Array:
+    return jnp.any(~s.done) & (s.step < run.spec.max_new_tokens)
+
+
+def _commit_tokens(run: LoopInputs, s: LoopState, new: jax.Array, n: jax.Array) -> tuple[LoopState, jax.Array]:
+    """new [B, W] (n [B] accepted drafts, then the target's token) -> (s with tokens, length, num_new and done
+    updated, count [B] tokens committed): each active row commits up to its first EOS and at most its remaining
+    budget."""
+    max_new = run.spec.max_new_tokens
+    pos = jnp.arange(new.shape[1])[None, :]
+    count = n + 1
+    is_eos = (new == run.eos_id) & (pos < count[:, None])
+    hit_eos = jnp.any(is_eos, axis=1)
+    count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+    count = jnp.minimum(count, max_new - s.num_new)
+    active = ~s.done
+    count = jnp.where(active, count, 0)
+    num_new = s.num_new + count
+    done = s.done | (active & hit_eos) | (num_new >= max_new)
+    return s._replace(tokens=_write_rows(s.tokens, new, s.length), length=s.length + count, num_new=num_new,
+                      done=done), count
+
+
+class Verification(NamedTuple):
+    new: jax.Array              # [B, D+1] the accepted drafts, then the target's next token (the rest: never read)
+    num_accepted: jax.Array     # [B]
+    out: ForwardOut             # the target's output in sequence order (a tree: gathered along the accepted
+                                # path, its cache compacted), as drafters see it
+    verified: Verified          # the whole verify pass
+
+
+def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | GroupedKVCache,
+            keys: jax.Array) -> Verification:
+    """One target forward over the last committed token and the draft, then the acceptance rule (keys [B]).
+    A chain feeds [B, k+1] tokens; a tree its T nodes (root = the last committed token), and the KV entries of
+    the accepted root-to-node path (slots lengths + node index) are compacted to contiguous slots from lengths."""
+    spec = run.spec
+    if draft.tree is None:
+        verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)       # [B, k+1]
+        out = forward(run.target_params, run.cfg, verify_in, cache, hidden_layers=run.target_layers,
+                      implementation=spec.implementation)
+        verified = Verified(verify_in, None, out)
+        acc = accept(spec, keys, draft.tokens, draft.probs, out.logits)
+        return Verification(_accepted_then_next(draft.tokens, acc.num_accepted, acc.next_token),
+                            acc.num_accepted, out, verified)
+    tree = draft.tree
+    out = forward(run.target_params, run.cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
+                  hidden_layers=run.target_layers, implementation=spec.implementation)
+    verified = Verified(tree.tokens, tree.parents, out)
+    acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, tree)
+    idx = jnp.maximum(acc.path, 0)                                                  # [B, D+1], -1 pads -> root
+    drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
+    new = _accepted_then_next(drafted, acc.num_accepted, acc.next_token)            # [B, D+1]
+    along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+    out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
+                     out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
+    return Verification(new, acc.num_accepted, out, verified)
+
+
+def _update_policy(run: LoopInputs, p: PolicyState, active: jax.Array, n: jax.Array) -> PolicyState:
+    """The window after one speculative step: active [B] rows, n [B] drafts each accepted."""
+    window = run.spec.acceptance_rate_window_size
+    slot = p.filled % window
+    accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(active, n, 0)))
+    drafted = p.drafted.at[slot].set(run.drafter.k * jnp.sum(active.astype(jnp.int32)))
+    filled = p.filled + 1
+    # accepted / drafted < threshold without dividing (a window of finished rows drafts nothing)
+    low = (filled >= window) & (jnp.sum(accepted) < run.spec.acceptance_rate_threshold * jnp.sum(drafted))
+    return PolicyState(~low, accepted, drafted, filled)
+
+
+def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
+    """propose -> verify -> accept -> commit, for every row (a finished row commits nothing)."""
+    k = run.drafter.k
+    keys = jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))   # [B, 2]: propose, accept
+    ctx = _context(run, s)
+    draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, keys[:, 0], run.spec.sampling)
+    v = _verify(run, ctx, draft, s.cache, keys[:, 1])
+    n = v.num_accepted                                                                # [B]
+    committed, count = _commit_tokens(run, s, v.new, n)
+    draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, v.out, v.verified)
+    cache = v.out.cache.replace(lengths=s.cache.lengths + count)
+    active = ~s.done
+    a = active.astype(jnp.int32)
+    st = s.stats
+    stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
+                        st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
+                        st.plain_steps, st.accept_trace.at[:, s.step].set(jnp.where(active, n, -1)))
+    policy = None if s.policy is None else _update_policy(run, s.policy, active, n)
+    return committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats, policy=policy)
+
+
+def plain_step(run: LoopInputs, s: LoopState) -> LoopState:
+    """One target position per row, after the policy switched speculation off. The drafter is not run again
+    (speculation stays off), so its state is left as it was."""
+    keys = jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))   # [B, 2]; [:, 1] samples
+    ctx = _context(run, s)
+    out = forward(run.target_params, run.cfg, last_tokens(ctx, 1), s.cache, implementation=run.spec.implementation)
+    nxt = _target_token(out.logits[:, 0], keys[:, 1], run.spec)                      # [B]
+    n = jnp.zeros(nxt.shape, jnp.int32)                                               # no drafts accepted
+    committed, count = _commit_tokens(run, s, nxt[:, None], n)
+    cache = out.cache.replace(lengths=s.cache.lengths + count)
+    a = (~s.done).astype(jnp.int32)
+    stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a)
+    return committed._replace(cache=cache, step=s.step + 1, stats=stats)
+
+
+def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups: tuple[tuple[int, int], ...],
+                   order: jax.Array | None, cache_sizes: tuple[int, ...] | None) -> LoopState:
+    """Prefill (prefill_forward), the first token from its logits, the drafter's init, empty stats."""
+    B, P = prompts.shape
+    k, spec = run.drafter.k, run.spec
+    max_new = spec.max_new_tokens
+    prefill = prefill_forward(run.target_params, run.cfg, prompts, run.prompt_lengths, groups, buffer_len,
+                              run.target_layers, spec.implementation, order, cache_sizes)
+    first = _target_token(prefill.logits[:, 0], _step_keys(run, 0), spec)              # [B]
+    tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)             # [B, L]
+    tokens = _write_rows(tokens, first[:, None], run.prompt_lengths)
+    length = run.prompt_lengths + 1
+    ctx = Context(tokens, length, run.prompt_lengths, run.target_weights)
+    draft_state = run.drafter.init(run.draft_params, ctx, prefill, spec.sampling)
+    zeros = jnp.zeros((B,), jnp.int32)
+    window = spec.acceptance_rate_window_size
+    policy = None if spec.acceptance_rate_threshold is None else PolicyState(
+        jnp.bool_(True), jnp.zeros((window,), jnp.int32), jnp.zeros((window,), jnp.int32), jnp.int32(0))
+    return LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == run.eos_id) | (max_new <= 1),
+                     prefill.cache.replace(lengths=run.prompt_lengths), draft_state, jnp.int32(0),
+                     DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
+                                 jnp.full((B, max_new), -1, jnp.int32)), policy)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups", "cache_sizes"))
 def decode_loop(target_params: dict, draft_params: Any, prompts: jax.Array, prompt_lengths: jax.Array,
-           request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
-           buffer_len: int, prefill_groups: tuple[tuple[int, int], ...] | None = None,
-           prefill_order: jax.Array | None = None,
-           cache_sizes: tuple[int, ...] | None = None) -> tuple[jax.Array, jax.Array, DecodeStats]:
+                request_keys: jax.Array, eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter, spec: SpecConfig,
+                buffer_len: int, prefill_groups: tuple[tuple[int, int], ...] | None = None,
+                prefill_order: jax.Array | None = None,
+                cache_sizes: tuple[int, ...] | None = None) -> tuple[jax.Array, jax.Array, DecodeStats]:
     """prompts [B, P] right-padded int32, prompt_lengths [B], request_keys [B, 2] (one per request), eos_id []
     (-1 = none). Returns (tokens [B, buffer_len], num_new [B], stats); row b's output is
     tokens[b, prompt_lengths[b] : prompt_lengths[b] + num_new[b]]. prefill_groups (static) and prefill_order [B]:
     as prefill_forward's groups and order (None: one prefill of every row at width P). cache_sizes (static): as
     prefill_forward's (group_cache_sizes picks them; None: one cache of buffer_len slots)."""
-    B, P = prompts.shape
-    k = drafter.k
-    sp = spec.sampling
-    max_new = spec.max_new_tokens
-    step_keys = lambda step: jax.vmap(lambda key: jax.random.fold_in(key, step))(request_keys)
-
     layers, exposed = target_exposure(drafter, target_params, cfg.vocab_size)
-    groups = prefill_groups or ((B, P),)
-    prefill = prefill_forward(target_params, cfg, prompts, prompt_lengths, groups, buffer_len, layers,
-                              spec.implementation, prefill_order, cache_sizes)
-    last_logits = prefill.logits[:, 0]                                                  # [B, V]
-    first = _target_token(last_logits, step_keys(0), spec)                             # [B]
-    tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)
-    tokens = _write_rows(tokens, first[:, None], prompt_lengths)
-    length = prompt_lengths + 1
-    ctx = Context(tokens, length, prompt_lengths, exposed)
-    draft_state = drafter.init(draft_params, ctx, prefill, sp)
-    zeros = jnp.zeros((B,), jnp.int32)
-    window = spec.acceptance_rate_window_size
-    policy = None if spec.acceptance_rate_threshold is None else PolicyState(
-        jnp.bool_(True), jnp.zeros((window,), jnp.int32), jnp.zeros((window,), jnp.int32), jnp.int32(0))
-    state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == eos_id) | (max_new <= 1),
-                      prefill.cache.replace(lengths=prompt_lengths), draft_state, jnp.int32(0),
-                      DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
-                                  jnp.full((B, max_new), -1, jnp.int32)), policy)
-
-    def cond(s: LoopState):
-        return jnp.any(~s.done) & (s.step < max_new)
-
-    def commit_tokens(s: LoopState, new: jax.Array, n: jax.Array):
-        """new [B, W] (n [B] accepted drafts, then the target's token) -> (tokens, length, num_new, done, count):
-        each active row commits up to its first EOS and at most its remaining budget."""
-        pos = jnp.arange(new.shape[1])[None, :]
-        count = n + 1
-        is_eos = (new == eos_id) & (pos < count[:, None])
-        hit_eos = jnp.any(is_eos, axis=1)
-        count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
-        count = jnp.minimum(count, max_new - s.num_new)
-        active = ~s.done
-        count = jnp.where(active, count, 0)
-        num_new = s.num_new + count
-        done = s.done | (active & hit_eos) | (num_new >= max_new)
-        return _write_rows(s.tokens, new, s.length), s.length + count, num_new, done, count
-
-    def speculative_step(s: LoopState, keys: jax.Array):
-        ctx = Context(s.tokens, s.length, prompt_lengths, exposed)
-        draft, draft_state = drafter.propose(draft_params, s.draft_state, ctx, keys[:, 0], sp)
-        if draft.tree is None:                                                          # chain
-            verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)   # [B, k+1]
-            out = forward(target_params, cfg, verify_in, s.cache, hidden_layers=layers,
-                          implementation=spec.implementation)
-            verified = Verified(verify_in, None, out)
-            if sp.greedy:
-                n, nxt = chain_greedy(draft.tokens, out.logits)
-            elif spec.acceptance_method == "typical_lossy":
-                n, nxt = chain_typical_lossy(keys[:, 1], draft.tokens, probabilities(out.logits, sp),
-                                             spec.posterior_threshold, spec.posterior_alpha)
-            else:
-                n, nxt = chain_sampled(keys[:, 1], draft.tokens, draft.probs, probabilities(out.logits, sp))
-            new = _accepted_then_next(draft.tokens, n, nxt)                             # [B, k+1]
-        else:                                                                           # tree of k + 1 nodes
-            new, n, out, verified = _verify_tree(target_params, cfg, spec, draft, s.cache, keys[:, 1], layers)
-        tokens, length, num_new, done, count = commit_tokens(s, new, n)
-        ctx = Context(tokens, length, prompt_lengths, exposed)
-        draft_state = drafter.commit(draft_params, draft_state, ctx, n, out, verified)
-        return tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count), draft_state, n
-
-    def plain_step(s: LoopState, keys: jax.Array):
-        """One target position per row; the drafter is not run again (speculation stays off), so its state is
-        left as it was."""
-        ctx = Context(s.tokens, s.length, prompt_lengths, exposed)
-        out = forward(target_params, cfg, last_tokens(ctx, 1), s.cache, implementation=spec.implementation)
-        nxt = _target_token(out.logits[:, 0], keys[:, 1], spec)                          # [B]
-        n = jnp.zeros((B,), jnp.int32)
-        tokens, length, num_new, done, count = commit_tokens(s, nxt[:, None], n)
-        return tokens, length, num_new, done, out.cache.replace(lengths=s.cache.lengths + count), s.draft_state, n
-
-    def update_policy(p: PolicyState, active: jax.Array, n: jax.Array) -> PolicyState:
-        slot = p.filled % window
-        accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(active, n, 0)))
-        drafted = p.drafted.at[slot].set(k * jnp.sum(active.astype(jnp.int32)))
-        filled = p.filled + 1
-        # accepted / drafted < threshold without dividing (a window of finished rows drafts nothing)
-        low = (filled >= window) & (jnp.sum(accepted) < spec.acceptance_rate_threshold * jnp.sum(drafted))
-        return PolicyState(~low, accepted, drafted, filled)
-
-    def loop_step(speculative: bool):
-        step = speculative_step if speculative else plain_step
-
-        def body(s: LoopState):
-            keys = jax.vmap(lambda key: jax.random.split(key))(step_keys(s.step + 1))  # [B, 2] keys
-            tokens, length, num_new, done, cache, draft_state, n = step(s, keys)
-            active = ~s.done
-            a = active.astype(jnp.int32)
-            st = s.stats
-            if speculative:
-                stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
-                                    st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
-                                    st.plain_steps, st.accept_trace.at[:, s.step].set(jnp.where(active, n, -1)))
-                policy = None if s.policy is None else update_policy(s.policy, active, n)
-            else:
-                stats, policy = st._replace(steps=st.steps + a, plain_steps=st.plain_steps + a), s.policy
-            return LoopState(tokens, length, num_new, done, cache, draft_state, s.step + 1, stats, policy)
-        return body
-
-    if policy is None:
-        final = lax.while_loop(cond, loop_step(True), state)
+    run = LoopInputs(target_params, draft_params, prompt_lengths, request_keys, eos_id, layers, exposed, cfg,
+                     drafter, spec)
+    state = _initial_state(run, prompts, buffer_len, prefill_groups or (prompts.shape,), prefill_order, cache_sizes)
+    running = functools.partial(_running, run)
+    speculate = functools.partial(speculative_step, run)
+    if state.policy is None:
+        final = lax.while_loop(running, speculate, state)
     else:
         # Two loops in sequence rather than a lax.cond per step: a cond's branches are separate computations
         # whose carried KV cache XLA copies in and out, which cost a plain step up to a third at batch 32.
-        speculated = lax.while_loop(lambda s: cond(s) & s.policy.speculating, loop_step(True), state)
-        final = lax.while_loop(cond, loop_step(False), speculated)
+        speculated = lax.while_loop(lambda s: running(s) & s.policy.speculating, speculate, state)
+        final = lax.while_loop(running, functools.partial(plain_step, run), speculated)
     return final.tokens, final.num_new, final.stats

@@ -6,14 +6,20 @@ distributions p_1..p_{k+1} (p_i conditions on d_<i), accept d_i with probability
 the first rejection sample from norm(max(0, p_i - q_i)); if all k are accepted sample the bonus token from p_{k+1}.
 The output is distributed exactly as the target's. A deterministic drafter (prompt lookup, predictions) has a
 one-hot q, which makes the rule: accept with probability p(d), else sample from p with d removed.
+
+The decode loop calls one function, `accept`, which picks the rule a SpecConfig asks for on a chain or a tree.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from specjax.trees import TreeSpec, children_from_parents, mask_from_parents, path_to_node
+from specjax.config import SpecConfig
+from specjax.sampling import probabilities
+from specjax.trees import Tree, TreeSpec, children_from_parents, mask_from_parents, path_to_node
 
 
 def leading_true(accept: jax.Array) -> jax.Array:
@@ -211,3 +217,42 @@ def tree_sampled(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | T
     path = path_to_node(parents, node, max_depth)
     n = jnp.sum(path >= 0, axis=1).astype(jnp.int32) - 1
     return path, n, next_token
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The decode loop's one entry point: which rule a config asks for, on a chain or a tree.
+# ---------------------------------------------------------------------------------------------------------------
+
+class Accepted(NamedTuple):
+    num_accepted: jax.Array       # [B] drafted tokens accepted (a tree: drafted nodes on the accepted path)
+    next_token: jax.Array         # [B] the target's token after them
+    path: jax.Array | None        # a tree: [B, D+1] root-first node indices of the accepted path, -1 padded
+
+
+def accept(spec: SpecConfig, keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array | None,
+           target_logits: jax.Array, tree: Tree | None = None) -> Accepted:
+    """The acceptance rule `spec` asks for: greedy at temperature 0 (the target's argmax decides), else its
+    acceptance_method: "exact" speculative sampling (chain_sampled / tree_sampled) or Medusa's "typical_lossy".
+
+    A chain (tree None): keys [B], draft_tokens [B, k], draft_probs [B, k, V] or None (deterministic drafts),
+    target_logits [B, k+1, V]. A tree: its T = k + 1 nodes (root first), draft_probs [B, T, V] or None as
+    tree_sampled takes them, target_logits [B, T, V]; draft_tokens (its nodes past the root) are not read."""
+    sp = spec.sampling
+    if tree is None:
+        if sp.greedy:
+            n, nxt = chain_greedy(draft_tokens, target_logits)
+        elif spec.acceptance_method == "typical_lossy":
+            n, nxt = chain_typical_lossy(keys, draft_tokens, probabilities(target_logits, sp),
+                                         spec.posterior_threshold, spec.posterior_alpha)
+        else:
+            n, nxt = chain_sampled(keys, draft_tokens, draft_probs, probabilities(target_logits, sp))
+        return Accepted(n, nxt, None)
+    if sp.greedy:
+        path, n, nxt = tree_greedy(tree.tokens, tree.parents, target_logits, tree.max_depth)
+    elif spec.acceptance_method == "typical_lossy":
+        path, n, nxt = tree_typical_lossy(keys, tree.tokens, tree.parents, probabilities(target_logits, sp),
+                                          spec.posterior_threshold, spec.posterior_alpha, tree.max_depth)
+    else:
+        path, n, nxt = tree_sampled(keys, tree.tokens, tree.parents, draft_probs, probabilities(target_logits, sp),
+                                    tree.max_depth)
+    return Accepted(n, nxt, path)

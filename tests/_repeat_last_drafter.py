@@ -12,6 +12,8 @@ from specjax.drafters.registry import DrafterSpec, register
 @dataclasses.dataclass(frozen=True)
 class RepeatLastDrafter:
     k: int
+    target_layers = ()                # target layers whose hidden states it needs (prefill and verify): none
+    target_weights = ()               # target weights it reads ("embed", "lm_head", "final_norm"): none
 
     def init(self, params, ctx, target_out, sp):
         return ()

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import specjax
 from specjax import SpecConfig
 from specjax.drafters.base import Context, Verified
 from specjax.drafters.lookahead import LookaheadDrafter, LookaheadState, pool_insert, tree_layout
@@ -86,7 +87,19 @@ def test_bad_window_ngram_guess_are_refused_by_name(opts, match):
 
 
 def test_num_speculative_tokens_must_be_the_tree_size():
-    with pytest.raises(ValueError, match=r"\(2 \+ 2\) \* 2 = 8 tokens per step: set num_speculative_tokens=8"):
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=4 disagrees with k = 8, .* set it to 8"):
         SpecConfig(method="lookahead", num_speculative_tokens=4,
                    drafter_options=dict(window_size=2, ngram_size=3, guess_set_size=2))
     SpecConfig(method="lookahead", num_speculative_tokens=16)                  # defaults W=4, N=3, G=4
+
+
+def test_options_fix_k_when_it_is_not_given(target):
+    """(W + G)(N - 1) is derived when num_speculative_tokens is unset, and the loop drafts that many per step."""
+    assert SpecConfig(method="lookahead").k == 16                               # defaults W=4, N=3, G=4
+    config = SpecConfig(method="lookahead", max_new_tokens=6, stop_at_eos=False,
+                        drafter_options=dict(window_size=2, ngram_size=3, guess_set_size=2))
+    assert config.num_speculative_tokens is None and config.k == 8
+    res = specjax.generate(target, [[1, 2, 3, 1, 2, 3]], config)
+    assert res.stats["num_speculative_tokens"] == 8
+    assert len(res.stats["accept_hist"]) == 9                                   # 0 .. 8 accepted per step
+    assert res.stats["drafted"] == 8 * res.stats["target_passes"] > 0

@@ -61,6 +61,8 @@ class Drafter(Protocol):
     """init's target_out is the prefill over the right-padded prompts [B, P]: hidden and layer_hidden at every
     prompt position, logits only at each row's last prompt position ([B, 1, V])."""
     k: int                            # tokens proposed per step (static)
+    target_layers: tuple[int, ...]    # decoder layers whose outputs it reads (module docstring); () for none
+    target_weights: tuple[str, ...]   # names among TARGET_WEIGHTS it reads; () for none
 
     def init(self, params: Any, ctx: Context, target_out: ForwardOut, sp: SamplingParams) -> Any: ...
 
@@ -74,6 +76,8 @@ class Drafter(Protocol):
 class NullDrafter:
     """k = 0: the loop degenerates to plain autoregressive decoding (same code path as every drafter)."""
     k = 0
+    target_layers = ()
+    target_weights = ()
 
     def __hash__(self):
         return hash(type(self))

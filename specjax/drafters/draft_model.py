@@ -42,6 +42,8 @@ class DraftModelDrafter:
     tree: TreeSpec | None = None      # a static tree of k + 1 nodes
     num_steps: int = 0                # > 0: a dynamic tree of num_steps depth, topk children per node
     topk: int = 0
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     @property
     def is_tree(self) -> bool:

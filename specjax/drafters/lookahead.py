@@ -5,7 +5,7 @@ committed token -- both branches in ONE target forward per step.
 
 Window W, n-gram size N, guess set size G (options window_size, ngram_size, guess_set_size; the reference
 implementation's WINDOW_SIZE, LEVEL, GUESS_SET_SIZE). Each step verifies one token tree of
-T = 1 + (W + G)(N - 1) nodes, so num_speculative_tokens must be (W + G)(N - 1):
+T = 1 + (W + G)(N - 1) nodes, so the options fix k = (W + G)(N - 1) (num_speculative_tokens: unset, or that):
   - node 0, the root: the last committed token;
   - the lookahead branch: levels j = 0 .. N-2 of W tokens each (level 0 oldest). Token (j, i) attends to the
     paper's set -- level-0 tokens 0 .. i-j, then the diagonal (1, i-j+1) .. (j, i) -- which is a path from the
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax.config import MAX_SPECULATIVE_TOKENS
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
 from specjax.trees import Tree
@@ -109,6 +110,8 @@ class LookaheadDrafter:
     ngram_size: int          # N
     guess_set_size: int      # G
     vocab_size: int
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     # params: (); state: LookaheadState
 
@@ -189,7 +192,6 @@ def nodes_per_step(config) -> int:
 
 
 def _validate(config) -> None:
-    from specjax.config import MAX_SPECULATIVE_TOKENS
     W, N, G = (config.option(n) for n in ("window_size", "ngram_size", "guess_set_size"))
     if W < N - 1:
         raise ValueError(f"lookahead: window_size={W} must be >= ngram_size - 1 = {N - 1}, or no Jacobi trajectory "
@@ -199,10 +201,6 @@ def _validate(config) -> None:
         raise ValueError(f"lookahead: (window_size + guess_set_size) * (ngram_size - 1) = ({W} + {G}) * {N - 1} = "
                          f"{k} tokens verified per step > {MAX_SPECULATIVE_TOKENS}; lower window_size, "
                          "guess_set_size or ngram_size")
-    if config.num_speculative_tokens != k:
-        raise ValueError(f"lookahead verifies (window_size + guess_set_size) * (ngram_size - 1) = ({W} + {G}) * "
-                         f"{N - 1} = {k} tokens per step: set num_speculative_tokens={k} (got "
-                         f"{config.num_speculative_tokens})")
 
 
 def _build(req: BuildRequest):
@@ -219,4 +217,4 @@ def _build(req: BuildRequest):
     return LookaheadDrafter(cfg.k, W, N, G, V), ()
 
 
-register(DrafterSpec("lookahead", _build, options=OPTIONS, validate=_validate))
+register(DrafterSpec("lookahead", _build, options=OPTIONS, validate=_validate, derive_k=nodes_per_step))

@@ -43,6 +43,8 @@ class NgramDrafter:
     k: int
     min_n: int = 5
     max_n: int = 5
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     def init(self, params, ctx, target_out, sp):
         return ()

@@ -63,6 +63,8 @@ class PardDrafter:
     mask_token_ids: tuple[int, ...]   # the k - 1 masks this drafter feeds
     cache_size: int
     implementation: str = "xla"
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     def init(self, params, ctx: Context, target_out, sp) -> KVCache:
         """The draft's prefill over the prompt, as a draft model's (the masks are only ever fed by propose)."""

@@ -23,6 +23,8 @@ class PredictedDrafter:
     k: int
     min_n: int = 1
     max_n: int = 3
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     # params = (prediction [B, Lp] int32, prediction_length [B]); state = pointer [B]
 

@@ -77,6 +77,10 @@ class DrafterSpec:
     # True: every params leaf has a leading per-request dim (padded with the batch, split over "data").
     per_request_params: bool = False
     validate: Callable[[Any], None] | None = None    # extra checks on a SpecConfig for this method
+    # (SpecConfig) -> k, for a method whose drafter_options fix the tokens drafted per step (lookahead:
+    # (W + G)(N - 1)). SpecConfig then derives k when num_speculative_tokens is unset and refuses one that
+    # disagrees. None: k is num_speculative_tokens (or the tree's nodes).
+    derive_k: Callable[[Any], int] | None = None
     # (BuildRequest, outputs: one token-id list per request) -> None, called by generate() after decoding: how a
     # drafter learns across calls (suffix decoding's global cache of earlier outputs). None: nothing to learn.
     finish: Callable[[BuildRequest, list], None] | None = None

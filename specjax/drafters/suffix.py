@@ -167,6 +167,8 @@ class SuffixDrafter:
     max_tree_depth: int = 24
     max_spec_factor: float = 1.0
     min_token_prob: float = 0.1
+    target_layers = ()                # reads nothing of the target but its tokens
+    target_weights = ()
 
     # params: the global cache, int32 [C] (-1 separated and padded); state: ()
 
