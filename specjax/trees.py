@@ -11,6 +11,7 @@ Conventions (those of the Medusa, EAGLE and SGLang implementations, so their tre
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from itertools import product
 from typing import Optional, Sequence
 
@@ -59,7 +60,6 @@ def choices_from_accuracies(rank_accuracy: Sequence[Sequence[float]], num_nodes:
     (Medusa's construction from measured per-head top-k accuracies). A node's value is the product of its
     path's accuracies; best-first search adds the most valuable node whose parent is in the tree, which is
     optimal because a child is never worth more than its parent."""
-    import heapq
     acc = [list(map(float, row)) for row in rank_accuracy]
     if not acc or any(not row or min(row) < 0 or max(row) > 1 for row in acc):
         raise ValueError("rank_accuracy must be a non-empty [depth][rank] table of probabilities in [0, 1]")

@@ -1,12 +1,13 @@
-"""Runs in its own process with 8 virtual CPU devices (tests/test_conformance.py sets XLA_FLAGS before jax starts):
+"""Runs in its own process with 8 virtual CPU devices (tests/workers.py sets XLA_FLAGS before jax starts):
 plain greedy decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh; prints one JSON
 object of tokens and stats. (Each factory's single-device greedy output is plain greedy output: the conformance
 greedy matrix checks that, so comparing with plain saves a compile per factory.)
 
-Coverage: every drafter module of the package runs here through its factory -- base.py (none), draft_model.py,
-ngram.py, predicted.py, medusa.py, eagle.py (eagle, eagle3), suffix.py (suffix, its global cache on the mesh),
-lookahead.py (lookahead), mtp.py (mtp, mtp_heads), pard.py (pard) -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact and passed as a
-directory, so the artifact convention is exercised on the mesh too."""
+Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model, ngram,
+predicted, medusa, eagle (eagle, eagle3), suffix (its global cache on the mesh), lookahead, mtp (mtp, mtp_heads),
+pard -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the
+way: saved as a drafter artifact and passed as a directory, so the artifact convention is exercised on the mesh
+too."""
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import specjax  # noqa: E402
-from conftest import ragged_prompts, tiny_model  # noqa: E402
 from specjax import SpecConfig, sharding  # noqa: E402
-from test_conformance import FACTORIES, Case  # noqa: E402
+from conformance_factories import FACTORIES, Case  # noqa: E402
+from tiny import ragged_prompts, tiny_model  # noqa: E402
 
 VOCAB = 64
 MAX_NEW = 16

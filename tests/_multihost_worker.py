@@ -25,7 +25,7 @@ def child(port: int, pid: int) -> None:
     jax.distributed.initialize(f"localhost:{port}", NUM_PROCESSES, pid)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import specjax
-    from conftest import perturbed, ragged_prompts, tiny_model
+    from tiny import perturbed, ragged_prompts, tiny_model
     from specjax import SpecConfig, layout, sharding
 
     target = tiny_model(0, vocab=517, hidden=64, heads=8, kv_heads=2)

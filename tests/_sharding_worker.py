@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import specjax  # noqa: E402
-from conftest import perturbed, ragged_prompts, tiny_model  # noqa: E402
+from tiny import perturbed, ragged_prompts, tiny_model  # noqa: E402
 from specjax import SpecConfig  # noqa: E402
 from specjax import layout, sharding  # noqa: E402
 

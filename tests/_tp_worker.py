@@ -7,7 +7,7 @@ and replicated too. Each method runs on one device and on every mesh; the test a
 
     python tests/_tp_worker.py [method,...]        # default: all of METHODS
 
-A method not in METHODS is a tests/test_conformance.py factory (e.g. medusa, eagle, eagle3,
+A method not in METHODS is a conformance factory (tests/conformance_factories.py) (e.g. medusa, eagle, eagle3,
 draft_model-dynamic_tree): head drafters keep their own vocabulary-wide weights replicated (their param_specs
 replicate what the model axis does not divide) and read the target's LM head / embedding cut back to the
 logical vocabulary.
@@ -19,14 +19,14 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import specjax  # noqa: E402
-from conftest import perturbed, ragged_prompts, tiny_model  # noqa: E402
 from specjax import SpecConfig, layout, sharding  # noqa: E402
 from specjax.cache import KVCache  # noqa: E402
 from specjax.models.llama import kv_heads  # noqa: E402
+from conformance_factories import FACTORIES, Case  # noqa: E402
+from tiny import perturbed, ragged_prompts, tiny_model  # noqa: E402
 
 VOCAB = 517
 MESHES = [(8, 1), (2, 4), (1, 8)]
@@ -52,7 +52,6 @@ def main(methods: list[str]) -> None:
             kw, which = METHODS[method]
             drafter = draft if which else None
         else:
-            from test_conformance import FACTORIES, Case
             plain = specjax.generate(target, prompts, SpecConfig(max_new_tokens=MAX_NEW)).tokens
             kw, drafter = FACTORIES[method](Case(target, 3, prompts, plain))
         cfg = SpecConfig(max_new_tokens=MAX_NEW, **kw)

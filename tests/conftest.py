@@ -6,20 +6,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import pytest
 
-from specjax.models import Model
-from specjax.models.config import ModelConfig
-from specjax.models.llama import init_params
-
-
-def tiny_model(seed: int = 0, vocab: int = 61, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-               std: float = 0.3, name: str = "tiny", **cfg_kw) -> Model:
-    """A random Llama-family model with spread-out logits (std well above the usual 0.02) so greedy argmaxes
-    are not near-ties and exact-equality tests are meaningful."""
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
-                      num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads, eos_token_id=None,
-                      max_position_embeddings=4096, **cfg_kw)
-    return Model(cfg, init_params(cfg, jax.random.PRNGKey(seed), std=std), None, name)
-
+import specjax
+from specjax import SpecConfig
+from _stats import exact_joint
+from conformance_factories import K_SAMPLED, MATES, N_SAMPLES, PROMPT, SP, Case
+from tiny import BASELINE_MAX_NEW, perturbed, ragged_prompts, tiny_model
 
 MAX_MEMORY_MAPS = 30_000      # half the kernel's default vm.max_map_count (65530)
 
@@ -54,28 +45,6 @@ def draft():
     return tiny_model(1, hidden=16, layers=1, heads=2, kv_heads=1, name="tiny-draft")
 
 
-def perturbed(model: Model, scale: float, seed: int = 7, name: str = "perturbed") -> Model:
-    """Same architecture, weights plus noise: a drafter that agrees with the target often but not always."""
-    leaves, treedef = jax.tree_util.tree_flatten(model.params)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    noisy = [x + scale * jax.random.normal(k_, x.shape, x.dtype) for x, k_ in zip(leaves, keys)]
-    return Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy), model.tokenizer, name)
-
-
-def ragged_prompts(batch: int, vocab: int = 61, seed: int = 0) -> list[list[int]]:
-    """Prompts of different lengths with repeated spans, so prompt lookup finds matches."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    out = []
-    for b in range(batch):
-        span = rng.integers(1, vocab, size=int(rng.integers(2, 6))).tolist()
-        out.append((span * 4)[: int(rng.integers(3, 22))])
-    return out
-
-
-BASELINE_MAX_NEW = 24
-
-
 @pytest.fixture(scope="session")
 def near_draft(target):
     """The target with noise: accepts some drafts and rejects others (both paths exercised)."""
@@ -85,7 +54,19 @@ def near_draft(target):
 @pytest.fixture(scope="session")
 def baselines(target):
     """Plain greedy output of ragged_prompts(b, seed=b) for b in 1, 3, 8 (BASELINE_MAX_NEW tokens)."""
-    import specjax
-    from specjax import SpecConfig
     return {b: specjax.generate(target, ragged_prompts(b, seed=b), SpecConfig(max_new_tokens=BASELINE_MAX_NEW)).tokens
             for b in (1, 3, 8)}
+
+
+@pytest.fixture(scope="session")
+def exact_three(target):
+    """The target's exact joint distribution of its first 3 sampled tokens after PROMPT at SP (by enumeration)."""
+    return exact_joint(target, PROMPT, SP)
+
+
+@pytest.fixture(scope="session")
+def sampled_case(target, baselines) -> Case:
+    """The conformance suite's sampled batch: N_SAMPLES requests of PROMPT followed by MATES (the chi-square counts
+    the first, the batch-mates test decodes some of each alone)."""
+    prompt_plain = specjax.generate(target, [PROMPT], SpecConfig(max_new_tokens=BASELINE_MAX_NEW)).tokens
+    return Case(target, K_SAMPLED, [PROMPT] * N_SAMPLES + MATES, prompt_plain * N_SAMPLES + baselines[3])

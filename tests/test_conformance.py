@@ -7,10 +7,12 @@
   (d) EOS ends each row right after its first EOS (one case of the greedy matrix runs with an EOS token);
   (e) greedy output on a (2, 4) mesh of 8 virtual devices == one device (tests/_conformance_mesh_worker.py).
 
-Adding a drafter = its file + one FACTORIES line: a factory gets a Case (the target, k, the prompts and the
-target's plain greedy continuations of them, which is what a user's prediction would be) and returns the
-SpecConfig fields and the `drafter=` argument. Each factory's drafter must get some drafts accepted and some
-rejected on the test target, so that acceptance and rollback both run (asserted below).
+Adding a drafter = its file + one FACTORIES line (tests/conformance_factories.py). The factories cover every
+drafter module: base (none), draft_model (chains, static and dynamic trees), ngram, predicted, medusa (chain, static
+tree), eagle (eagle, eagle-2 dynamic tree, eagle3), mtp (mtp, mtp_heads), suffix, lookahead, pard, and the
+repeat_last test drafter (tests/_repeat_last_drafter.py, written as a user would). Each factory's drafter must get
+some drafts accepted and some rejected on the test target, so that acceptance and rollback both run (asserted
+below).
 
 Nearly all the time here is XLA compiles (~5-15 s per new program on a 2-core CPU, a run takes well under a
 second), so the checks share programs: (b) and (c) share one batch, (a) and (d) one matrix.
@@ -18,140 +20,17 @@ second), so the checks share programs: (b) and (c) share one batch, (a) and (d) 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
-import jax
 import pytest
 
 import specjax
 import specjax.verify as verify
-from specjax import SamplingParams, SpecConfig
-from specjax.models import Model
+from specjax import SpecConfig
 from specjax.drafters import registry
-from conftest import BASELINE_MAX_NEW, perturbed, ragged_prompts
-from _stats import exact_joint, gof_pvalue, joint_counts
-import _repeat_last_drafter  # noqa: F401  (registers method "repeat_last")
-
-
-class Case(NamedTuple):
-    target: Model
-    k: int                        # drafted tokens per step (a tree's nodes besides the root); ignored by "none"
-    prompts: list                 # token-id lists
-    plain: list                   # the target's plain greedy continuation of each prompt
-
-
-_near: dict = {}
-
-
-def near(target: Model) -> Model:
-    """The target plus noise (one copy per target): agrees with it often but not always."""
-    if id(target) not in _near:
-        _near[id(target)] = (target, perturbed(target, 0.02))
-    return _near[id(target)][1]
-
-
-def binary_tree(k: int) -> list:
-    """A static tree of k nodes: two children per node, breadth first, rank 0 first."""
-    choices, frontier = [], [()]
-    while len(choices) < k:
-        frontier = [node + (r,) for node in frontier for r in (0, 1)]
-        choices += frontier[:k - len(choices)]
-    return choices
-
-
-def edited(row: list, vocab: int) -> list:
-    """A prediction with edits: every 5th token substituted and one token dropped (resync after both)."""
-    out = [(t + 1) % vocab if i % 5 == 4 else t for i, t in enumerate(row)]
-    return out[:7] + out[8:]
-
-
-def earlier_answers(c: "Case"):
-    from specjax.drafters.suffix import SuffixCache
-    distinct = list(dict.fromkeys(tuple(p) for p in c.plain))
-    return SuffixCache(edited(list(p), c.target.config.vocab_size) for p in distinct)
-
-
-def lookahead_fields(window: int, ngram: int, guesses: int) -> dict:
-    return dict(method="lookahead", num_speculative_tokens=(window + guesses) * (ngram - 1),
-                drafter_options=dict(window_size=window, ngram_size=ngram, guess_set_size=guesses))
-
-
-_heads: dict = {}
-
-
-def cached(kind: str, target: Model, build):
-    """One drafter artifact per (kind, target), built on first use."""
-    if (kind, id(target)) not in _heads:
-        _heads[(kind, id(target))] = (target, build(target))
-    return _heads[(kind, id(target))][1]
-
-
-def identity_medusa(target: Model):
-    """Medusa heads as initialised for training (ResBlocks at zero, the target's LM head as the projection):
-    every head proposes the target's own next-token guess, right whenever the text repeats."""
-    from specjax.drafters import medusa
-    from specjax.drafters.base import target_weight
-    return medusa.MedusaHeads(4, 1, "shared", medusa.init_heads(None, 4, 1, target_weight(target.params, "lm_head"),
-                                                                 "shared"), "identity")
-
-
-def near_pard(target: Model):
-    """A PARD draft: near(target) with 7 mean-embedding mask rows appended, so draft 1 is (nearly) the target's own
-    guess and the mask drafts are an untrained model's guesses: some accepted, many rejected."""
-    from specjax.drafters import pard
-    params, cfg = pard.add_mask_rows(near(target).params, target.config, 7)
-    return pard.PardModel(Model(cfg, params, None, "near-pard"), tuple(range(target.config.vocab_size,
-                                                                               cfg.vocab_size)))
-
-
-def informative_eagle(kind: str):
-    from test_eagle import informative
-    return lambda target: informative(target, kind)
-
-
-def informative_mtp(kind: str):
-    from test_mtp import informative
-    return lambda target: informative(target, kind, 3)
-
-
-FACTORIES = {
-    "none": lambda c: (dict(), None),
-    "draft_model": lambda c: (dict(method="draft_model", num_speculative_tokens=c.k), near(c.target)),
-    "draft_model-static_tree": lambda c: (dict(method="draft_model", tree_choices=binary_tree(c.k)),
-                                          near(c.target)),
-    "draft_model-dynamic_tree": lambda c: (dict(method="draft_model", num_steps=min(c.k, 3), topk=2,
-                                                num_draft_tokens=c.k + 1), near(c.target)),
-    "ngram": lambda c: (dict(method="ngram", num_speculative_tokens=c.k, prompt_lookup_min=1, prompt_lookup_max=3),
-                        None),
-    "predicted": lambda c: (dict(method="predicted", num_speculative_tokens=c.k),
-                            [edited(p, c.target.config.vocab_size) for p in c.plain]),
-    "repeat_last": lambda c: (dict(method="repeat_last", num_speculative_tokens=c.k), None),
-    "medusa": lambda c: (dict(method="medusa", num_speculative_tokens=c.k), cached("medusa", c.target, identity_medusa)),
-    "medusa-static_tree": lambda c: (dict(method="medusa", tree_choices=binary_tree(c.k)),
-                                     cached("medusa", c.target, identity_medusa)),
-    "eagle": lambda c: (dict(method="eagle", num_speculative_tokens=c.k),
-                        cached("eagle", c.target, informative_eagle("eagle"))),
-    "eagle2-dynamic_tree": lambda c: (dict(method="eagle", num_steps=min(c.k, 3), topk=2, num_draft_tokens=c.k + 1),
-                                      cached("eagle", c.target, informative_eagle("eagle"))),
-    "eagle3": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k),
-                         cached("eagle3", c.target, informative_eagle("eagle3"))),
-    "mtp": lambda c: (dict(method="mtp", num_speculative_tokens=c.k), cached("mtp", c.target, informative_mtp("mtp"))),
-    "mtp_heads": lambda c: (dict(method="mtp_heads", num_speculative_tokens=c.k),
-                            cached("mtp_heads", c.target, informative_mtp("mtp_heads"))),
-    # A fresh global cache per call (so a request decoded alone sees what it saw in its batch) holding earlier
-    # "answers": the plain outputs with edits, as if the same prompts had been asked before.
-    "suffix": lambda c: (dict(method="suffix", num_speculative_tokens=c.k,
-                              drafter_options=dict(suffix_decoding_max_cached_requests=64)), earlier_answers(c)),    # Lookahead's k is fixed by (W + G)(N - 1): the smallest shape at k = 1, a 2-level window beyond.
-    "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
-    "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
-}
-
-
-def run(name: str, case: Case, seed: int = 0, **cfg):
-    """-> (the config, the generate() result) of factory `name` on `case`; cfg: more SpecConfig fields."""
-    kw, drafter = FACTORIES[name](case)
-    config = SpecConfig(**kw, **cfg)
-    return config, specjax.generate(case.target, case.prompts, config, drafter=drafter, seed=seed)
+from specjax.models import Model
+from conformance_factories import FACTORIES, MATES, N_SAMPLES, SP, Case, run, sampled_pvalue, with_planted_bug
+from tiny import BASELINE_MAX_NEW, ragged_prompts
+from workers import run_worker
 
 
 def assert_both_paths(name: str, config: SpecConfig, stats: dict) -> None:
@@ -204,26 +83,8 @@ def test_greedy_equals_plain(target, baselines, name, k, batch, eos):
 
 # ---- (b) sampled output is distributed as the target's, (c) batch mates ---------------------------------------
 
-SP = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
-PROMPT = [5, 17, 50, 40, 5, 17]    # ends in a repeat: prompt lookup proposes 50, which the target often samples
-N_SAMPLES = 1500
-MATES = ragged_prompts(3, seed=3)        # other prompts in the same batch (plain greedy output: baselines[3])
-K_SAMPLED = 3
-
-
-@pytest.fixture(scope="module")
-def exact_three(target):
-    return exact_joint(target, PROMPT, SP)
-
-
-@pytest.fixture(scope="module")
-def sampled_case(target, baselines) -> Case:
-    """N_SAMPLES requests of PROMPT followed by MATES: the chi-square counts the first, and the batch-mates test
-    decodes some of each alone."""
-    prompt_plain = specjax.generate(target, [PROMPT], SpecConfig(max_new_tokens=BASELINE_MAX_NEW)).tokens
-    return Case(target, K_SAMPLED, [PROMPT] * N_SAMPLES + MATES, prompt_plain * N_SAMPLES + baselines[3])
-
-
+# The sampled batch is conftest.py's sampled_case (N_SAMPLES requests of one prompt, then MATES), decoded once per
+# factory; exact_three (conftest.py) is the target's own joint distribution of its first 3 tokens.
 _sampled: dict = {}
 
 
@@ -238,10 +99,6 @@ def sampled_run(name: str, case: Case, fresh: bool = False):
     return _sampled[name]
 
 
-def sampled_pvalue(res, target, exact) -> float:
-    return gof_pvalue(joint_counts(res.tokens[:N_SAMPLES], target.config.vocab_size), exact)
-
-
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in SAMPLED_FAST else [pytest.mark.slow])
                                   for n in FACTORIES])
 def test_sampled_distribution_matches_target(target, exact_three, sampled_case, name):
@@ -251,18 +108,6 @@ def test_sampled_distribution_matches_target(target, exact_three, sampled_case, 
     p = sampled_pvalue(res, target, exact_three)
     print(f"{name}: p-value {p:.3g}")
     assert p > 1e-4, p
-
-
-def with_planted_bug(monkeypatch, module, name: str, bug, decode_fn):
-    """decode_fn() with module.name replaced by `bug`; jit caches are cleared before and after, so the compiled
-    decode loop is re-traced with the bug and nothing compiled with it survives the test."""
-    monkeypatch.setattr(module, name, bug)
-    jax.clear_caches()
-    try:
-        return decode_fn()
-    finally:
-        monkeypatch.undo()
-        jax.clear_caches()
 
 
 def test_planted_bug_fails_the_sampling_test(target, exact_three, sampled_case, monkeypatch):
@@ -293,7 +138,6 @@ def test_batch_mates_do_not_change_a_request(target, sampled_case, name):
 
 @pytest.fixture(scope="module")
 def mesh_result() -> dict:
-    from test_sharding import run_worker
     return run_worker("_conformance_mesh_worker.py")
 
 

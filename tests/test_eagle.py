@@ -9,7 +9,6 @@ i.e. it mostly proposes the last committed token again. The greedy outputs of th
 often, so some drafts are accepted and others rejected.
 """
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,44 +23,21 @@ from specjax.drafters import eagle
 from specjax.drafters.base import Context, target_weight
 from specjax.models.llama import forward
 from specjax.sampling import SamplingParams
-from conftest import ragged_prompts, tiny_model
+from drafter_weights import EAGLE3_LAYERS, informative_eagle
+from layouts import eagle_published_state_dict, write_checkpoint
+from tiny import ragged_prompts, tiny_model
 
 MAX_NEW = 20
 EXTRA = 6                     # the baselines run longer so the acceptance simulation sees what verify saw
-EAGLE3_LAYERS = (0, 1, 1)     # the 2-layer target: the last entry is the output of its last layer
 
 
 def target_weights(target):
     return {n: target_weight(target.params, n) for n in ("embed", "lm_head")}
 
 
-def informative(target, kind, seed=0, noise=0.05, tok_noise=0.1, draft_vocab=48):
-    """fc(concat(e, f)) = f + noise (EAGLE-1) / fc(aux) = the last layer's output (EAGLE-3), the layer adds small
-    noise, EAGLE-3's norm and lm_head are the target's (restricted to a draft vocabulary of the most frequent
-    target predictions)."""
-    tc = target.config
-    H, V = tc.hidden_size, tc.vocab_size
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-    if kind == "eagle":
-        cfg = eagle.eagle_config(target, "eagle")
-        p = eagle.init_params(k1, cfg, std=noise)
-        p["fc_w"] = p["fc_w"].at[:H].multiply(tok_noise / noise).at[H:].add(jnp.eye(H))
-        return eagle.EagleWeights(cfg, p, None, "informative-eagle")
-    cfg = eagle.eagle_config(target, "eagle3", target_layers=EAGLE3_LAYERS, draft_vocab_size=draft_vocab)
-    ids = jax.random.randint(k2, (8, 16), 0, V)
-    counts = np.bincount(np.asarray(jnp.argmax(target.logits(ids), -1)).ravel(), minlength=V) + 1e-3 * np.arange(V)
-    d2t = eagle.vocab_map_from_counts(counts, draft_vocab)
-    p = eagle.init_params(k1, cfg, std=noise)
-    fc = noise * jax.random.normal(k3, p["fc_w"].shape)
-    p["fc_w"] = fc.at[2 * H:].add(jnp.eye(H))
-    p["final_norm"] = target.params["final_norm"]
-    p["lm_head"] = target_weight(target.params, "lm_head")[:, eagle.draft_to_target(d2t)]
-    return eagle.EagleWeights(cfg, p, d2t, "informative-eagle3")
-
-
 @pytest.fixture(scope="module")
 def drafters(target):
-    return {"eagle": informative(target, "eagle"), "eagle3": informative(target, "eagle3")}
+    return {"eagle": informative_eagle(target, "eagle"), "eagle3": informative_eagle(target, "eagle3")}
 
 
 def prompts_for(batch):
@@ -295,50 +271,6 @@ def reference_logits(sd, hf, tokens, feats, target):
     return h @ np.asarray(target_weight(target.params, "lm_head"), np.float64)
 
 
-def published_state_dict(w: eagle.EagleWeights, target, layout: str) -> tuple[dict, dict]:
-    """Write our weights in a published layout by hand: (state dict in torch [out, in] convention, config.json)."""
-    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), w.params)
-    lp, c = p["layer"], w.config.layer
-    pfx = {"eagle1": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}[layout]
-    sd = {pfx + "self_attn.q_proj.weight": lp["wq"].T, pfx + "self_attn.k_proj.weight": lp["wk"].T,
-          pfx + "self_attn.v_proj.weight": lp["wv"].T, pfx + "self_attn.o_proj.weight": lp["wo"].T,
-          pfx + "post_attention_layernorm.weight": lp["mlp_norm"], pfx + "mlp.gate_proj.weight": lp["w_gate"].T,
-          pfx + "mlp.up_proj.weight": lp["w_up"].T, pfx + "mlp.down_proj.weight": lp["w_down"].T,
-          "fc.weight": p["fc_w"].T}
-    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
-             "num_key_value_heads": c.num_kv_heads, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
-             "rope_theta": c.rope_theta, "vocab_size": c.vocab_size, "max_position_embeddings": 2048}
-    if layout == "eagle1":
-        sd["fc.bias"] = p["fc_b"]
-        sd["embed_tokens.weight"] = np.asarray(target.params["embed"])
-        return {k: np.ascontiguousarray(v) for k, v in sd.items()}, dict(llama, bias=True)
-    sd.update({pfx + "input_layernorm.weight": lp["attn_norm"], pfx + "hidden_norm.weight": lp["hidden_norm"],
-               "norm.weight": p["final_norm"], "lm_head.weight": p["lm_head"].T, "d2t": np.asarray(w.d2t),
-               "t2d": eagle.t2d_from_d2t(w.d2t, c.vocab_size)})
-    sd = {k: np.ascontiguousarray(v) for k, v in sd.items()}
-    ids = [i + 1 for i in w.config.target_layers]
-    if layout == "eagle3":
-        return sd, dict(llama, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=w.config.draft_vocab_size,
-                        eagle_aux_hidden_state_layer_ids=ids)
-    return sd, {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                "transformer_layer_config": llama, "draft_vocab_size": w.config.draft_vocab_size,
-                "target_hidden_size": target.config.hidden_size, "norm_before_residual": False,
-                "eagle_aux_hidden_state_layer_ids": ids, "speculators_config": {"algorithm": "eagle3"}}
-
-
-def write_layout(path, sd, hf, torch_bin=False):
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf, f)
-    if torch_bin:
-        import torch
-        torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, os.path.join(path, "pytorch_model.bin"))
-    else:
-        from safetensors.numpy import save_file
-        save_file(sd, os.path.join(path, "model.safetensors"))
-
-
 def random_weights(target, kind, seed=4, draft_vocab=40):
     cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": draft_vocab}
                                               if kind == "eagle3" else {}))
@@ -362,8 +294,8 @@ def _sequence_inputs(target, w, T=9, seed=5):
 def test_published_layouts_give_our_logits(tmp_path, target, layout):
     kind = "eagle" if layout.startswith("eagle1") else "eagle3"
     ours = random_weights(target, kind)
-    sd, hf = published_state_dict(ours, target, layout.replace("_bin", ""))
-    write_layout(str(tmp_path / layout), sd, hf, torch_bin=layout.endswith("_bin"))
+    sd, hf = eagle_published_state_dict(ours, target, layout.replace("_bin", ""))
+    write_checkpoint(str(tmp_path / layout), sd, hf, torch_bin=layout.endswith("_bin"))
     loaded = eagle.load(str(tmp_path / layout), target, kind)
     assert loaded.config.target_layers == ours.config.target_layers
     assert ("embed" in loaded.params) == (kind == "eagle")
@@ -379,10 +311,10 @@ def test_published_layouts_give_our_logits(tmp_path, target, layout):
 def test_published_eagle3_without_layer_ids_uses_the_reference_default(tmp_path):
     target = tiny_model(0, layers=8)
     w = random_weights(target, "eagle3")
-    sd, hf = published_state_dict(w, target, "eagle3")
+    sd, hf = eagle_published_state_dict(w, target, "eagle3")
     del hf["eagle_aux_hidden_state_layer_ids"]
     del sd["t2d"]                                            # optional: d2t alone defines the map
-    write_layout(str(tmp_path / "p"), sd, hf)
+    write_checkpoint(str(tmp_path / "p"), sd, hf)
     assert eagle.load(str(tmp_path / "p"), target).config.target_layers == (1, 3, 4)    # HF ids (2, 4, 5)
 
 
@@ -439,8 +371,8 @@ def test_bad_input(tmp_path, target, drafters):
     far = w3._replace(config=eagle.EagleConfig("eagle3", w3.config.layer, 32, (0, 1, 5), w3.config.draft_vocab_size))
     with pytest.raises(ValueError, match=r"reads target layers \[0, 1, 5\].*2 decoder layers.*out of range: \[5\]"):
         specjax.generate(target, prompts, chain("eagle3"), drafter=far)
-    sd, hf = published_state_dict(w3, target, "speculators")
-    write_layout(str(tmp_path / "emb"), sd, dict(hf, eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
+    sd, hf = eagle_published_state_dict(w3, target, "speculators")
+    write_checkpoint(str(tmp_path / "emb"), sd, dict(hf, eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
     with pytest.raises(ValueError, match="include 0 \\(the embedding output\\)"):
         eagle.load(str(tmp_path / "emb"), target)
     # a d2t map that does not fit the vocabulary, or is not one-to-one
@@ -453,11 +385,11 @@ def test_bad_input(tmp_path, target, drafters):
     with pytest.raises(ValueError, match="two draft tokens to the same target token"):
         specjax.generate(target, prompts, chain("eagle3"), drafter=w3._replace(d2t=dup))
     sd2 = dict(sd, d2t=bad)
-    write_layout(str(tmp_path / "badmap"), sd2, hf)
+    write_checkpoint(str(tmp_path / "badmap"), sd2, hf)
     with pytest.raises(ValueError, match="does not fit the target vocabulary"):
         eagle.load(str(tmp_path / "badmap"), target)
     # invalid trees
-    small = informative(target, "eagle3", draft_vocab=3)
+    small = informative_eagle(target, "eagle3", draft_vocab=3)
     with pytest.raises(ValueError, match="top-4 draft tokens per node but the drafter's draft vocabulary has only 3"):
         specjax.generate(target, prompts, SpecConfig(method="eagle3", tree_choices=[(0,), (1,), (2,), (3,)]),
                          drafter=small)
@@ -466,7 +398,7 @@ def test_bad_input(tmp_path, target, drafters):
     # truncated / incomplete published checkpoints
     sd3 = dict(sd)
     del sd3["layers.0.hidden_norm.weight"]
-    write_layout(str(tmp_path / "missing"), sd3, hf)
+    write_checkpoint(str(tmp_path / "missing"), sd3, hf)
     with pytest.raises(ValueError, match="missing tensor 'layers.0.hidden_norm.weight'"):
         eagle.load(str(tmp_path / "missing"), target)
     st = tmp_path / "emb" / "model.safetensors"

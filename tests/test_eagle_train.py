@@ -14,7 +14,7 @@ from specjax.drafters.base import target_weight
 from train import data, loop
 from train.losses.common import frozen_target_features
 from train.losses.eagle import eagle_accuracy, eagle_loss_fn
-from conftest import tiny_model
+from tiny import tiny_model
 
 PROMPT = 8
 LAYERS3 = (0, 1, 1)            # the 2-layer tiny target (EAGLE-3 needs three feature layers)

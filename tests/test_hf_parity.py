@@ -19,38 +19,10 @@ import ml_dtypes  # noqa: E402
 
 from specjax.cache import KVCache  # noqa: E402
 from specjax.models import forward, full_logits, load_pretrained, save_pretrained  # noqa: E402
+from hf_models import CASES, SW, VOCAB, hf_model  # noqa: E402
 
-B, T, VOCAB, SW = 3, 20, 128, 8
+B, T = 3, 20
 TOL = 1e-4
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
-CASES = {
-    "llama_gqa": ("LlamaConfig", dict(tie_word_embeddings=False, rope_theta=10000.0)),
-    "llama3_rope": ("LlamaConfig", dict(tie_word_embeddings=False, rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})),
-    "qwen2_tied": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
-    "mistral_swa": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=SW)),
-}
-
-
-def _hf_model(kind: str, seed: int = 0):
-    cls_name, extra = CASES[kind]
-    cfg = getattr(transformers, cls_name)(**COMMON, **extra)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
-    # Non-trivial weights everywhere (HF inits norms to 1 and biases to 0, which would hide layout bugs).
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.2 * torch.randn_like(p))
-        if cfg.tie_word_embeddings:
-            model.tie_weights()
-    return model
 
 
 def _hf_logits(model, tokens: np.ndarray) -> np.ndarray:
@@ -65,7 +37,7 @@ def _tokens(seed: int = 1) -> np.ndarray:
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     kind = request.param
-    model = _hf_model(kind)
+    model = hf_model(kind)
     d = tmp_path_factory.mktemp(kind)
     model.save_pretrained(d)
     tokens = _tokens()
@@ -109,7 +81,7 @@ def test_prefill_parity(case):
 def test_sliding_window_matters(tmp_path):
     """The Mistral case's window (8 < T = 20) really changes the logits, so its parity checks exercise it."""
     import dataclasses
-    model = _hf_model("mistral_swa")
+    model = hf_model("mistral_swa")
     model.save_pretrained(tmp_path)
     tokens = _tokens()
     ref = _hf_logits(model, tokens)
@@ -210,7 +182,7 @@ def test_tokenizer_round_trip(tmp_path):
     vocab = {f"w{i}": i for i in range(100)} | {"<unk>": 100}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    model = _hf_model("llama_gqa")
+    model = hf_model("llama_gqa")
     model.save_pretrained(tmp_path / "a")
     tok.save(str(tmp_path / "a" / "tokenizer.json"))
     params, cfg, tok2 = load_pretrained(tmp_path / "a")

@@ -11,7 +11,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.inputs import plan_prefill, prompt_bucket, right_pad
 from specjax.decode import GROUP_CACHE_COST_SLOTS, group_cache_sizes, prefill_forward, round_up
-from conftest import ragged_prompts, tiny_model
+from tiny import ragged_prompts, tiny_model
 
 
 def test_ragged_batch_equals_one_at_a_time(target):

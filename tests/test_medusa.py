@@ -1,8 +1,6 @@
 """Medusa heads: published layouts load to the same logits as our own heads, artifacts round-trip, bad input is
 refused clearly, tree choices from measured accuracies, and the lossy typical-acceptance rule."""
 import itertools
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +13,8 @@ from specjax.drafters import medusa
 from specjax.drafters.base import target_weight
 from specjax.trees import MEDUSA_63, choices_from_accuracies
 from specjax.verify import chain_typical_lossy, typical_threshold
-from conftest import ragged_prompts, tiny_model
+from layouts import write_medusa_repo_layout, write_vllm_medusa_layout
+from tiny import ragged_prompts, tiny_model
 
 
 def random_heads(target, num_heads=3, num_layers=2, layout="per_head", seed=0, scale=0.3):
@@ -40,52 +39,12 @@ def reference_logits(heads: medusa.MedusaHeads, hidden: np.ndarray) -> np.ndarra
     return np.stack(out, axis=-2)
 
 
-def write_medusa_repo_layout(path, heads, target, torch_file=False):
-    """FasterDecoding/Medusa: medusa_lm_head with {head}.{layer}.linear.weight/bias and {head}.{L}.weight."""
-    os.makedirs(path, exist_ok=True)
-    p = jax.tree_util.tree_map(np.asarray, heads.params)
-    sd = {}
-    for i in range(heads.num_heads):
-        for r in range(heads.num_layers):
-            sd[f"{i}.{r}.linear.weight"] = np.ascontiguousarray(p["w"][i, r].T)
-            sd[f"{i}.{r}.linear.bias"] = p["b"][i, r]
-        sd[f"{i}.{heads.num_layers}.weight"] = np.ascontiguousarray(p["proj"][i].T)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
-                   "base_model_name_or_path": "stdlib-target", "hidden_size": target.config.hidden_size,
-                   "vocab_size": target.config.vocab_size}, f)
-    if torch_file:
-        import torch
-        torch.save({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, os.path.join(path, "medusa_lm_head.pt"))
-    else:
-        from safetensors.numpy import save_file
-        save_file(sd, os.path.join(path, "medusa_lm_head.safetensors"))
-
-
-def write_vllm_layout(path, heads, target):
-    """vLLM's MedusaModel: blocks.{head}.layers.{layer}.weight/bias, lm_heads.{head}.weight."""
-    from safetensors.numpy import save_file
-    os.makedirs(path, exist_ok=True)
-    p = jax.tree_util.tree_map(np.asarray, heads.params)
-    sd = {}
-    for i in range(heads.num_heads):
-        for r in range(heads.num_layers):
-            sd[f"blocks.{i}.layers.{r}.weight"] = np.ascontiguousarray(p["w"][i, r].T)
-            sd[f"blocks.{i}.layers.{r}.bias"] = p["b"][i, r]
-        sd[f"lm_heads.{i}.weight"] = np.ascontiguousarray(p["proj"][i].T)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": heads.num_heads,
-                   "num_hidden_layers": heads.num_layers, "hidden_size": target.config.hidden_size,
-                   "vocab_size": target.config.vocab_size, "truncated_vocab_size": None}, f)
-    save_file(sd, os.path.join(path, "model.safetensors"))
-
-
 @pytest.mark.parametrize("layout", ["medusa_repo", "medusa_repo_pt", "vllm"])
 def test_published_layouts_give_our_logits(tmp_path, target, layout):
     heads = random_heads(target)
     path = str(tmp_path / layout)
     if layout == "vllm":
-        write_vllm_layout(path, heads, target)
+        write_vllm_medusa_layout(path, heads, target)
     else:
         write_medusa_repo_layout(path, heads, target, torch_file=layout.endswith("_pt"))
     loaded = medusa.load_heads(path, target)

@@ -16,33 +16,20 @@ from specjax.cache import KVCache
 from specjax.drafters import mtp
 from specjax.drafters.base import Context, target_weight
 from specjax.models.llama import ForwardOut, forward
-from conftest import ragged_prompts, tiny_model
-
-TRUNK = 0          # the tiny target has 2 layers: layer 0 is the trunk, layer 1 head 1
-
-
-def informative(target: Model, kind: str, depth: int, noise: float = 0.05, seed: int = 0) -> mtp.MTPWeights:
-    """mtp: modules whose proj passes the feature through (a fresh module: the target's prediction one position
-    late). mtp_heads: each head a noisy copy of the target's last layer (head 1), its final norm the target's:
-    every head guesses what head 1 says. Both get some drafts accepted and some rejected."""
-    cfg = mtp.MTPConfig(kind, mtp.layer_config(target.config), depth, TRUNK if kind == "mtp_heads" else None)
-    p = mtp.init_params(jax.random.PRNGKey(seed), cfg, target.params, std=noise)
-    if kind == "mtp_heads":
-        for hp in p["heads"]:
-            hp["layer"] = jax.tree_util.tree_map(lambda a, b: a + b, target.params["layers"][-1], hp["layer"])
-    return mtp.MTPWeights(cfg, p, f"informative-{kind}")
+from drafter_weights import MTP_TRUNK, informative_mtp
+from tiny import ragged_prompts, tiny_model
 
 
 def spread(target: Model, kind: str, depth: int) -> mtp.MTPWeights:
     """Random weights with spread-out logits (no near-ties): for comparing argmaxes of two computations."""
-    return informative(target, kind, depth, noise=0.3, seed=3)
+    return informative_mtp(target, kind, depth, noise=0.3, seed=3)
 
 
 def _target_out(target: Model, ids: jax.Array, kind: str) -> ForwardOut:
     """The target's teacher-forced forward over ids [1, T] (hidden and the trunk layer's output)."""
     cfg = target.config
     cache = KVCache.init(cfg.num_layers, 1, ids.shape[1], cfg.num_kv_heads, cfg.head_dim)
-    return forward(target.params, cfg, ids, cache, hidden_layers=(TRUNK,) if kind == "mtp_heads" else ())
+    return forward(target.params, cfg, ids, cache, hidden_layers=(MTP_TRUNK,) if kind == "mtp_heads" else ())
 
 
 def _reference_probs(target: Model, w: mtp.MTPWeights, seq: list, start: int, k: int) -> np.ndarray:
@@ -106,7 +93,7 @@ def test_drafts_are_the_training_forward_on_the_drafted_prefix(target, kind, dep
 @pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 3])   # make test budget
 def test_mtp_beyond_its_depth_reuses_the_last_module(target, baselines, batch):
     """k = 4 drafts from 2 modules (module 2 runs again for drafts 3 and 4): still exactly plain greedy."""
-    w = informative(target, "mtp", 2)
+    w = informative_mtp(target, "mtp", 2)
     config = SpecConfig(method="mtp", num_speculative_tokens=4, max_new_tokens=24,
                         drafter_options={"reuse_last_module": True})
     res = specjax.generate(target, ragged_prompts(batch, seed=batch), config, drafter=w)
@@ -123,14 +110,14 @@ def test_artifacts_round_trip_and_the_heads_load_from_their_target_directory(tmp
     (tmp_path / "tgt").mkdir()
     mtp.save(tmp_path / "tgt" / mtp.HEADS_DIR, w, target, "# test\n")
     assert mtp.load(tmp_path / "tgt", target, "mtp_heads").config == w.config
-    m = informative(target, "mtp", 2)
+    m = informative_mtp(target, "mtp", 2)
     mtp.save(tmp_path / "modules", m, target, "# test\n", dtype="float32")
     assert mtp.load(tmp_path / "modules", target, "mtp").config == m.config
 
 
 def test_bad_input_is_named(tmp_path, target):
     prompts = [[1, 2, 3]]
-    modules, heads = informative(target, "mtp", 2), informative(target, "mtp_heads", 3)
+    modules, heads = informative_mtp(target, "mtp", 2), informative_mtp(target, "mtp_heads", 3)
     with pytest.raises(ValueError, match="2 MTP modules.*reuse_last_module"):
         specjax.generate(target, prompts, SpecConfig(method="mtp", num_speculative_tokens=3), drafter=modules)
     with pytest.raises(ValueError, match="3 extra heads"):

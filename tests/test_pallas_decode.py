@@ -6,7 +6,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from conftest import perturbed, ragged_prompts
+from tiny import perturbed, ragged_prompts
 
 
 # The TPU kernel's interpret mode is the slower one (~20 s): test-slow; its kernel tests against the reference stay

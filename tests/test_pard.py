@@ -15,7 +15,7 @@ from specjax.models import Model
 from specjax.drafters import pard
 from specjax.drafters.base import Context
 from specjax.models.llama import forward, full_logits
-from conftest import perturbed, ragged_prompts, tiny_model
+from tiny import perturbed, ragged_prompts, tiny_model
 
 M = 4                      # mask tokens of the test drafts
 

@@ -15,9 +15,9 @@ from absl import flags
 from experiments import reproduce
 from specjax.drafters import eagle, medusa
 from specjax.models.hf_io import save_pretrained
-from conftest import tiny_model
-from test_eagle import informative, published_state_dict, write_layout
-from test_medusa import write_medusa_repo_layout
+from drafter_weights import informative_eagle
+from layouts import eagle_published_state_dict, write_checkpoint, write_medusa_repo_layout
+from tiny import tiny_model
 
 FLAGS = flags.FLAGS
 VOCAB = 61
@@ -57,11 +57,11 @@ def ckpts(tmp_path_factory):
     paths = {"target": str(root / "tiny-Vicuna-7B-target")}     # the paper's target name inside the path
     save_pretrained(target.params, target.config, paths["target"], tokenizer=word_tokenizer())
     # EAGLE-1: informative (it accepts drafts); EAGLE-3 and Medusa: random numpy weights (built without compiling)
-    for kind, layout, weights in (("eagle", "eagle1", informative(target, "eagle")),
+    for kind, layout, weights in (("eagle", "eagle1", informative_eagle(target, "eagle")),
                                   ("eagle3", "eagle3", random_eagle3(target))):
-        sd, hf = published_state_dict(weights, target, layout)
+        sd, hf = eagle_published_state_dict(weights, target, layout)
         paths[kind] = str(root / layout)
-        write_layout(paths[kind], sd, hf)
+        write_checkpoint(paths[kind], sd, hf)
     paths["medusa"] = str(root / "medusa")
     write_medusa_repo_layout(paths["medusa"], random_medusa(target), target)
     paths["prompts"] = str(root / "prompts.jsonl")

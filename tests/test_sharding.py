@@ -7,30 +7,11 @@ marked slow (`make test` deselects it with -m "not slow", `make test-all` runs i
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from workers import run_worker
+
 MESHES = ["1x8", "2x4", "8x1"]
-
-
-def cpu_env(devices: int) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def run_worker(script: str, *args: str, devices: int = 8, timeout: int = 600) -> dict:
-    proc = subprocess.run([sys.executable, os.path.join(HERE, script), *args], env=cpu_env(devices), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"{script} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from conftest import ragged_prompts
+from tiny import ragged_prompts
 from specjax.analysis import expected_replay, positions_from_trace, replay
 
 MAX_NEW = 24

@@ -8,7 +8,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.drafters import suffix
 from specjax.drafters.suffix import SuffixCache, match_lengths, propose_row
-from conftest import ragged_prompts
+from tiny import ragged_prompts
 
 
 def test_match_lengths_counts_the_matched_suffix_before_each_position():

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_model
 from specjax import layout
 from specjax.models.config import ModelConfig
 from specjax.models.llama import full_logits, kv_heads
-from test_sharding import run_worker
+from tiny import tiny_model
+from workers import run_worker
 
 GiB = 2 ** 30
 # config.json fields of the published checkpoints (no download): the shapes the memory arithmetic is about.
@@ -175,7 +175,7 @@ def heads() -> dict:
 @pytest.mark.parametrize("mesh", ["8x1", "2x4", "1x8"])
 @pytest.mark.parametrize("method", HEAD_FACTORIES)
 def test_head_drafters_same_tokens(heads, method, mesh):
-    # Head drafters (tests/test_conformance.py factories) on the padded, kv-replicated target: they read its LM head
+    # Head drafters (tests/conformance_factories.py) on the padded, kv-replicated target: they read its LM head
     # and embedding cut back to the logical vocabulary; their own vocabulary-wide weights stay replicated.
     tokens = heads["tokens"]
     assert tokens[f"{method}@{mesh}"] == tokens[f"{method}@single"]

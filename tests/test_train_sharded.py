@@ -7,11 +7,6 @@ Run with -s to see the losses.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,23 +16,14 @@ from _train_sharded_worker import np_init
 from specjax.models.llama import full_logits
 from train import skeleton
 from train.losses.common import frozen_target_features
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from workers import run_worker
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
     # Compile-time flags only (both runs get them): the worker's cost is XLA compiling two backward passes.
-    flags = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-             "--xla_llvm_disable_expensive_passes=true")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "_train_sharded_worker.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"worker failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_worker("_train_sharded_worker.py", xla_flags="--xla_backend_optimization_level=0 "
+                                                            "--xla_llvm_disable_expensive_passes=true")
 
 
 @pytest.mark.parametrize("recipe", ["distill", "head"])

@@ -13,7 +13,7 @@ import specjax
 import specjax.verify as verify
 from specjax import SamplingParams, SpecConfig
 from specjax.trees import MEDUSA_63, TreeSpec, full_tree_choices
-from conftest import BASELINE_MAX_NEW, ragged_prompts
+from tiny import BASELINE_MAX_NEW, ragged_prompts
 from _stats import exact_joint, gof_pvalue, joint_counts
 
 MAX_NEW = BASELINE_MAX_NEW

@@ -18,6 +18,8 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.verify_attention import verify_attention
+from pallas_kernels.verify_attention.reference import verify_attention_reference
 from specjax.cache import GroupedKVCache, KVCache
 from specjax.models.config import ModelConfig
 
@@ -79,10 +81,8 @@ def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, 
                              implementation=implementation, q_positions=q_positions, sliding_window=sliding_window)
         return cache.per_group(one_group, q, lengths, q_positions, None if shared_mask else mask)
     if implementation == "xla" or sliding_window is not None:
-        from pallas_kernels.verify_attention.reference import verify_attention_reference
         return verify_attention_reference(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
                                           sliding_window=sliding_window, keys_transposed=cache.keys_transposed)
-    from pallas_kernels.verify_attention import verify_attention
     # The kernels read [S, D] tiles; a CPU cache keeps its keys transposed, so interpreting a kernel there reads a
     # transposed copy (on accelerators the cache is in the kernels' layout).
     return verify_attention(q, cache.keys(layer), cache.v[layer], lengths, mask, implementation=implementation)
