@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import SpecConfig
+from specjax import SpecConfig, checkpoints
 from specjax.drafters import artifacts, registry
 from specjax.drafters.base import Draft, last_tokens
 from specjax.drafters.registry import DrafterSpec, Option
@@ -124,7 +124,7 @@ def test_drafter_by_shipped_name_directory_and_model():
     cfg = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=12)
     loaded = specjax.generate(target, prompts, cfg, drafter=draft)
     by_name = specjax.generate(target, prompts, cfg, drafter="stdlib-draft")
-    by_path = specjax.generate(target, prompts, cfg, drafter=os.path.join(artifacts.resolve("stdlib-draft")))
+    by_path = specjax.generate(target, prompts, cfg, drafter=os.path.join(checkpoints.resolve("stdlib-draft", "model")))
     assert loaded.tokens == by_name.tokens == by_path.tokens
     assert loaded.stats["accepted"] == by_name.stats["accepted"]
     with pytest.raises(FileNotFoundError, match="no model directory 'no-such-draft'"):
