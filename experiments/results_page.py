@@ -32,9 +32,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNKNOWN = "unknown"
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("results_dir", os.path.join(REPO, "docs", "results"), "directory of result tables (*.json)")
-flags.DEFINE_string("out", os.path.join(REPO, "docs", "results.md"), "the page to write")
-flags.DEFINE_bool("check", False, "exit 1 if --out is not what the result files generate (writes nothing)")
+
+
+def define_flags() -> None:
+    """The entry point's flags (defined only when run as a program, so tests import this module beside others)."""
+    flags.DEFINE_string("results_dir", os.path.join(REPO, "docs", "results"), "directory of result tables (*.json)")
+    flags.DEFINE_string("out", os.path.join(REPO, "docs", "results.md"), "the page to write")
+    flags.DEFINE_bool("check", False, "exit 1 if --out is not what the result files generate (writes nothing)")
 
 
 def load_tables(results_dir: str) -> list[tuple[str, dict]]:
@@ -141,4 +145,5 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

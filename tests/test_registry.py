@@ -138,7 +138,7 @@ def test_bad_generate_inputs(target):
         specjax.generate(target, [])
     with pytest.raises(TypeError, match="prompts must be a list.*got None"):
         specjax.generate(target, None)
-    with pytest.raises(TypeError, match="prompt 1 must be a string or a list of token ids"):
+    with pytest.raises(TypeError, match="prompt 1 must be a string, a list of token ids or a list of chat messages"):
         specjax.generate(target, [[1, 2], 3.5])
     with pytest.raises(ValueError, match="config has unknown fields \\['k'\\]"):
         specjax.generate(target, [[1, 2]], {"method": "ngram", "k": 2})

@@ -21,6 +21,13 @@ import statistics
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels.verify_attention import validate_tree_mask, verify_attention
+
 
 def _ints(s: str) -> list[int]:
     out = []
@@ -65,7 +72,6 @@ def parse_args(argv=None):
 
 
 def tree_mask(T: int):
-    import numpy as np
     m = np.zeros((T, T), bool)
     for i in range(T):
         j = i
@@ -77,14 +83,8 @@ def tree_mask(T: int):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.smoke:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
-    from pallas_kernels.verify_attention import validate_tree_mask, verify_attention
-
+    if a.smoke and "JAX_PLATFORMS" not in os.environ:
+        jax.config.update("jax_platforms", "cpu")       # before the first computation starts a backend
     dtype = jnp.dtype(a.dtype)
     Hq, Hkv, D = a.heads, a.kv_heads, a.head_dim
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]

@@ -29,6 +29,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from tokenizers import AddedToken, Tokenizer
 
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
@@ -111,7 +112,6 @@ class PardDrafter:
 def mask_tokenizer(tokenizer, num_masks: int):
     """A copy of a tokenizers.Tokenizer with num_masks special mask tokens appended -> (tokenizer, their ids).
     The ids must follow the existing vocabulary, or they would not line up with the appended embedding rows."""
-    from tokenizers import AddedToken, Tokenizer
     tok = Tokenizer.from_str(tokenizer.to_str())
     n = tok.get_vocab_size(with_added_tokens=True)
     tok.add_special_tokens([AddedToken(MASK_TOKEN.format(j), special=True) for j in range(num_masks)])
