@@ -152,7 +152,7 @@ def drafter_argument(target, method: str, plain_outputs: list, artifact: str | N
     once and reused), the plain outputs as predictions for methods that take one prediction per request, else
     None."""
     spec = registry.get(method)
-    artifact = artifact or dict(entry.split("=", 1) for entry in FLAGS.drafters).get(method)
+    artifact = artifact or flag_artifact(method)
     if artifact:
         key = (target.name, method, artifact)
         if key not in _loaded:
@@ -163,9 +163,14 @@ def drafter_argument(target, method: str, plain_outputs: list, artifact: str | N
     return None
 
 
+def flag_artifact(method: str) -> str | None:
+    """--drafters' artifact for `method` (None: not listed)."""
+    return dict(entry.split("=", 1) for entry in FLAGS.drafters).get(method)
+
+
 def artifact_name(method: str, run: dict) -> str | None:
     """The artifact a run drafts from, as named: the run's drafter=, else --drafters' entry for its method."""
-    return run["drafter"] or dict(e.split("=", 1) for e in FLAGS.drafters).get(method)
+    return run["drafter"] or flag_artifact(method)
 
 
 def out_stem(default: str) -> str:
