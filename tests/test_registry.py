@@ -102,6 +102,21 @@ def test_target_exposure_reaches_the_drafter(target, probe_method):
         assert err < 1e-4, (where, err)
 
 
+@dataclasses.dataclass(frozen=True)
+class _UndeclaredDrafter:
+    k: int                                  # no target_layers / target_weights
+
+
+def test_a_drafter_must_declare_what_it_reads(target):
+    registry.register(DrafterSpec("undeclared", lambda req: (_UndeclaredDrafter(req.config.k), ())), replace=True)
+    try:
+        with pytest.raises(TypeError, match=r"_UndeclaredDrafter that method='undeclared' builds does not declare "
+                                            r"\['target_layers', 'target_weights'\]"):
+            specjax.generate(target, [[1, 2, 3]], SpecConfig(method="undeclared", num_speculative_tokens=2))
+    finally:
+        registry.unregister("undeclared")
+
+
 def test_forward_layer_order_and_range(target):
     from specjax.cache import KVCache
     from specjax.models.llama import forward

@@ -30,6 +30,8 @@ COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "to
 TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
 # The dynamic speculation policy's fields (specjax.config), read by every method that speculates.
 POLICY_FIELDS = ("draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size")
+# What the loop reads of every drafter object besides its methods (specjax.drafters.base.Drafter).
+DRAFTER_ATTRIBUTES = ("k", "target_layers", "target_weights")
 
 
 class Option(NamedTuple):
@@ -157,7 +159,13 @@ def build(req: BuildRequest) -> tuple[Any, Any]:
         drafter = spec.load(req.target, os.fspath(drafter))
     if spec.artifact is not None and drafter is not None and not isinstance(drafter, spec.artifact):
         raise TypeError(f"method={spec.method!r} takes drafter= {spec.accepts}; got {type(drafter).__name__}")
-    return spec.build(req._replace(drafter=drafter))
+    built, params = spec.build(req._replace(drafter=drafter))
+    missing = [name for name in DRAFTER_ATTRIBUTES if not hasattr(built, name)]
+    if missing:
+        raise TypeError(f"the {type(built).__name__} that method={spec.method!r} builds does not declare "
+                        f"{missing}; every drafter declares k, target_layers and target_weights (() when it reads "
+                        "nothing of the target): the Drafter protocol in specjax.drafters.base")
+    return built, params
 
 
 def finish(req: BuildRequest, outputs: list[list[int]]) -> None:
