@@ -16,6 +16,7 @@ from specjax import analysis, api, metrics
 from specjax.config import SpecConfig
 from specjax.drafters import registry
 from specjax.drafters.medusa import accuracy_tree
+from specjax.inputs import encode_all
 from specjax.trees import MEDUSA_63, normalize_choices
 from experiments import costs
 
@@ -48,7 +49,8 @@ def tree_fields(tree: str, k: int, artifact: str | None = None) -> dict:
 
 
 def prompt_ids(target, prompt) -> list[int]:
-    return target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    """A prompt (text, token ids or a chat) as generate() tokenizes it."""
+    return encode_all(target, [prompt], "prompt")[0]
 
 
 def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,

@@ -1,7 +1,7 @@
 """The main experiment: speculative vs plain decoding on the same target, measured in one run, beside the analytic
 prediction from the measured alpha, draft cost c and verify-cost ratio.
 
-  python -m experiments.speedup                                   # shipped models, HumanEval + stdlib prompts
+  python -m experiments.speedup                                   # SmolLM2-135M: ngram and suffix on 3 chat sets
   python -m experiments.speedup --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
   PYTHONPATH=tests python -m experiments.speedup --drafter_modules=_repeat_last_drafter --runs=humaneval:repeat_last:2
 
@@ -61,12 +61,16 @@ from experiments.prompts import load_prompt_set
 from experiments.tables import pyplot, save_figure, write_table
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("target", "stdlib-target", "target model: shipped name or HF directory")
-flags.DEFINE_list("drafters", ["draft_model=stdlib-draft"],
-                  "method=artifact pairs: what each method drafts from (a directory or a shipped name)")
-flags.DEFINE_list("runs", ["humaneval:draft_model:4", "humaneval:draft_model:4:dyn4x2", "humaneval:ngram:4",
-                           "stdlib:draft_model:4", "stdlib:ngram:4"], "prompt_set:method:k[:tree] entries")
-flags.DEFINE_integer("num_prompts", 6, "prompts per prompt set")
+flags.DEFINE_string("target", "smollm2-135m", "target model: a shipped or installed name, an HF directory or a "
+                    "GGUF file (the toy: stdlib-target)")
+flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method drafts from (a directory or a shipped "
+                  "name), e.g. draft_model=stdlib-draft on the toy target")
+# The default runs: the training-free drafters on the real target's three chat prompt sets (generation stops at
+# the end of the assistant's turn). The toy's table: --target=stdlib-target --drafters=draft_model=stdlib-draft
+# --runs=humaneval:draft_model:4,humaneval:draft_model:4:dyn4x2,humaneval:ngram:4,stdlib:draft_model:4,stdlib:ngram:4
+flags.DEFINE_list("runs", [f"{pset}:{method}:{k}:stop_at_eos=true" for pset in ("sharegpt", "humaneval_chat", "grounded")
+                           for method, k in (("ngram", 4), ("suffix", 8))], "prompt_set:method:k[:tree] entries")
+flags.DEFINE_integer("num_prompts", 4, "prompts per prompt set")
 flags.DEFINE_integer("max_new_tokens", 96, "tokens generated per prompt")
 flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactness column compares tokens with plain decoding)")
 flags.DEFINE_integer("top_k", 0, "top-k (0 = off)")
