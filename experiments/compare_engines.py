@@ -49,7 +49,7 @@ import numpy as np
 from absl import app, flags
 
 import specjax
-from specjax.checkpoints import resolve
+from specjax.models import model_directory
 from experiments.costs import fastest_alternating, forward_seconds
 from experiments.engines import (ENGINES, METHODS, Engine, Method, SpecjaxEngine, VllmEngine, build_random_target,
                                  first_difference, top2)
@@ -238,7 +238,8 @@ def main(argv):
                 shape = target.split(":", 1)[1]
                 target_dir, draft_dir = build_random_target(shape, os.path.join(tmp, shape)), None
             else:
-                target_dir, draft_dir = resolve(target, "model"), resolve(FLAGS.draft, "model")
+                target_dir = model_directory(target)
+                draft_dir = model_directory(FLAGS.draft) if FLAGS.draft else None
             model = specjax.load_model(target_dir)              # tokenizer, vocabulary, weight bytes
             if FLAGS.prompts == "humaneval":
                 prompts = [model.tokenize(t) for t in humaneval_prompts(164)]

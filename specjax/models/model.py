@@ -46,6 +46,14 @@ class Model:
 _full_logits = jax.jit(full_logits, static_argnums=1)
 
 
+def model_directory(path_or_name: str | os.PathLike) -> str:
+    """The HF directory load_model reads for a directory, shipped name, GGUF file or installed GGUF target (a GGUF
+    file converted once into the user cache): what another engine (transformers, vLLM) loads for the same
+    weights."""
+    path = checkpoints.resolve(path_or_name, "model")
+    return convert_gguf(path, checkpoints.cache_dir()) if os.path.isfile(path) else path
+
+
 def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None) -> Model:
     """A Hugging Face Llama/Qwen2/Mistral directory, a llama.cpp GGUF file, or the name of a shipped model or an
     installed GGUF target such as "smollm2-135m" (specjax.checkpoints). A GGUF file is converted once to a float32
@@ -53,11 +61,11 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
     the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
     and generate(mesh=...) places it, dims the axis does not divide replicated)."""
-    path = checkpoints.resolve(path_or_name, "model")
-    name = os.path.basename(os.path.normpath(path))
-    if os.path.isfile(path):                                   # a GGUF file (resolve accepts no other file)
+    path = model_directory(path_or_name)
+    found = checkpoints.resolve(path_or_name, "model")
+    name = os.path.basename(os.path.normpath(found))
+    if os.path.isfile(found):                                  # a GGUF file: named as asked, or by its stem
         name = os.fspath(path_or_name) if not os.path.exists(os.fspath(path_or_name)) else name[:-len(".gguf")]
-        path = convert_gguf(path, checkpoints.cache_dir())
     kind = checkpoints.artifact_kind(path)
     if kind is not None:
         raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
