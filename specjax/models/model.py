@@ -50,8 +50,12 @@ def model_directory(path_or_name: str | os.PathLike) -> str:
     """The HF directory load_model reads for a directory, shipped name, GGUF file or installed GGUF target (a GGUF
     file converted once into the user cache): what another engine (transformers, vLLM) loads for the same
     weights."""
-    path = checkpoints.resolve(path_or_name, "model")
-    return convert_gguf(path, checkpoints.cache_dir()) if os.path.isfile(path) else path
+    return _directory(checkpoints.resolve(path_or_name, "model"))
+
+
+def _directory(found: str) -> str:
+    """A resolved checkpoint (a directory, or a GGUF file) -> the HF directory to read."""
+    return convert_gguf(found, checkpoints.cache_dir()) if os.path.isfile(found) else found
 
 
 def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None) -> Model:
@@ -61,8 +65,8 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
     the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
     and generate(mesh=...) places it, dims the axis does not divide replicated)."""
-    path = model_directory(path_or_name)
     found = checkpoints.resolve(path_or_name, "model")
+    path = _directory(found)
     name = os.path.basename(os.path.normpath(found))
     if os.path.isfile(found):                                  # a GGUF file: named as asked, or by its stem
         name = os.fspath(path_or_name) if not os.path.exists(os.fspath(path_or_name)) else name[:-len(".gguf")]
