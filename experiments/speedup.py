@@ -278,6 +278,9 @@ def one_at_a_time() -> None:
           "propose + verify for speculative); their difference is the engine's per-step overhead.")
     if stem and records:
         plot(records, stem)
+    differ = [f"{r[0]}:{r[2]}:{r[3]}" for r in rows if r[14] == "no"]
+    if differ:                  # greedy speculative output must equal plain greedy output: fail loudly, not a cell
+        raise SystemExit(f"greedy speculative output differs from plain decoding in runs {differ}")
 
 
 def plot(records: list[dict], stem: str) -> None:

@@ -291,3 +291,26 @@ def test_errors_name_the_problem(toy, tmp_path):
         gguf_io.dequantized(GGUFReader(os.fspath(q2k)).tensors[0], os.fspath(q2k))
     with pytest.raises(FileNotFoundError, match="GGUF file not found"):
         read_gguf(tmp_path / "missing.gguf")
+
+
+def test_a_gguf_loaded_model_saves_a_directory_transformers_loads(toy, tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy.gguf"
+    template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    write_gguf(path, toy, CFG, Q.Q8_0, tokenizer=byte_bpe_tokenizer(), chat_template=template)
+    model = load_model(path)
+    out = tmp_path / "saved"
+    model.save_pretrained(out)
+    again = load_model(out)
+    assert again.config == model.config and again.chat_template == template
+    hf = LlamaForCausalLM.from_pretrained(out).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "user", "content": "def add(a, b):"}]
+    ids = hf_tok.apply_chat_template(chat, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert ids == model.tokenize("<|im_start|>user\ndef add(a, b):<|im_end|>\n")
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(np.asarray(model.logits([ids]))[0], want, atol=1e-4)

@@ -205,16 +205,6 @@ def _file_key(path: str) -> str:
     return f"{size}-{h.hexdigest()[:16]}-v{CONVERTED_FORMAT}"
 
 
-def write_tokenizer_config(path: str, tokenizer: Tokenizer, cfg: ModelConfig, chat_template: str | None) -> None:
-    """tokenizer_config.json for transformers / vLLM: special tokens by string and the chat template."""
-    tok = lambda i: tokenizer.id_to_token(i) if i is not None else None
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok(cfg.bos_token_id),
-                   "eos_token": tok(cfg.eos_token_id), "pad_token": tok(cfg.eos_token_id), "add_bos_token": False,
-                   "model_max_length": cfg.max_position_embeddings, "chat_template": chat_template},
-                  f, indent=1, ensure_ascii=False)
-
-
 def convert_gguf(path: str | os.PathLike, cache: str) -> str:
     """The float32 HF directory of a GGUF file under `cache` (made once; a later call finds it) -> its path.
     Written to a temporary directory and renamed, so an interrupted conversion leaves nothing half-made."""
@@ -229,12 +219,7 @@ def convert_gguf(path: str | os.PathLike, cache: str) -> str:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".converting-", dir=os.path.dirname(out))
     try:
-        save_pretrained(params, cfg, tmp, tokenizer=tokenizer, dtype="float32")
-        if tokenizer is not None:
-            write_tokenizer_config(tmp, tokenizer, cfg, chat_template)
-        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-            json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-                       "pad_token_id": cfg.eos_token_id}, f)
+        save_pretrained(params, cfg, tmp, tokenizer=tokenizer, dtype="float32", chat_template=chat_template)
         with open(os.path.join(tmp, "SOURCE.json"), "w") as f:
             json.dump({"gguf": path, "key": _file_key(path)}, f)
         os.replace(tmp, out)

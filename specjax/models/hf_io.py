@@ -343,10 +343,24 @@ def _to_hf_tensors(params: dict, cfg: ModelConfig, np_dtype) -> dict[str, np.nda
     return out
 
 
+def write_tokenizer_config(path: str, tokenizer, cfg: ModelConfig, chat_template: str | None) -> None:
+    """tokenizer_config.json for transformers / vLLM: the special tokens by string and the chat template."""
+    tok = lambda i: tokenizer.id_to_token(i) if i is not None else None
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok(cfg.bos_token_id),
+                   "eos_token": tok(cfg.eos_token_id), "pad_token": tok(cfg.eos_token_id), "add_bos_token": False,
+                   "model_max_length": cfg.max_position_embeddings, "chat_template": chat_template},
+                  f, indent=1, ensure_ascii=False)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+                   "pad_token_id": cfg.eos_token_id}, f)
+
+
 def save_pretrained(params: dict, cfg: ModelConfig, path, tokenizer=None, dtype: Any = "float32",
-                    max_shard_bytes: int | None = None) -> None:
-    """Write a transformers-loadable checkpoint: config.json, model.safetensors (or shards + index when
-    max_shard_bytes is given and the weights exceed it) and tokenizer.json when a tokenizer is given."""
+                    max_shard_bytes: int | None = None, chat_template: str | None = None) -> None:
+    """Write a transformers- and vLLM-loadable checkpoint: config.json, model.safetensors (or shards + index when
+    max_shard_bytes is given and the weights exceed it), and with a tokenizer tokenizer.json, tokenizer_config.json
+    (special tokens, chat_template) and generation_config.json."""
     path = os.fspath(path)
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     if name not in _SAVE_DTYPES:
@@ -394,6 +408,7 @@ def save_pretrained(params: dict, cfg: ModelConfig, path, tokenizer=None, dtype:
             os.remove(tok_path)
         if hasattr(tokenizer, "save") and not hasattr(tokenizer, "save_pretrained"):
             tokenizer.save(tok_path)                          # tokenizers.Tokenizer
+            write_tokenizer_config(path, tokenizer, cfg, chat_template)
         elif hasattr(tokenizer, "backend_tokenizer"):
             tokenizer.backend_tokenizer.save(tok_path)        # transformers fast tokenizer
         else:

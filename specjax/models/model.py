@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
 from specjax.models.gguf_io import convert_gguf
-from specjax.models.hf_io import load_chat_template, load_pretrained
+from specjax.models.hf_io import load_chat_template, load_pretrained, save_pretrained
 from specjax.models.llama import full_logits
 
 
@@ -41,6 +41,12 @@ class Model:
     @property
     def eos_token_id(self) -> int | None:
         return self.config.eos_token_id
+
+    def save_pretrained(self, path: str | os.PathLike, dtype: str = "float32",
+                        max_shard_bytes: int | None = None) -> None:
+        """An HF directory that transformers and vLLM load: weights, config, tokenizer and chat template."""
+        save_pretrained(self.params, self.config, path, tokenizer=self.tokenizer, dtype=dtype,
+                        max_shard_bytes=max_shard_bytes, chat_template=self.chat_template)
 
 
 _full_logits = jax.jit(full_logits, static_argnums=1)
