@@ -25,21 +25,28 @@ from specjax.drafters.base import Context
 from specjax.models.llama import forward
 
 
+MIN_REPS = 3          # timed calls a time budget never cuts below
+
+
 def _seconds(call: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     result = call()
     return time.perf_counter() - t0, result
 
 
-def fastest_seconds(fn: Callable, reps: int, fresh_input: Callable[[], Any] | None = None) -> float:
+def fastest_seconds(fn: Callable, reps: int, fresh_input: Callable[[], Any] | None = None,
+                    budget_s: float | None = None) -> float:
     """fn() timed `reps` times after a first call. fresh_input: made before each call, off the clock, and passed
-    to fn (an input fn donates: each call needs its own)."""
+    to fn (an input fn donates: each call needs its own). budget_s: stop early once the timed calls took this
+    long (at least MIN_REPS of them): the same bound on the noise for a 10-ms and a 1-s call."""
     call = fn if fresh_input is None else lambda: fn(fresh_input())
     call()
     times = []
     for _ in range(reps):
         args = () if fresh_input is None else (fresh_input(),)
         times.append(_seconds(lambda: fn(*args))[0])
+        if budget_s is not None and len(times) >= MIN_REPS and sum(times) > budget_s:
+            break
     # The fastest run: on a shared machine the slower ones measure the neighbours, not the code.
     return float(np.min(times))
 
@@ -61,14 +68,14 @@ def fastest_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int,
     return best, results
 
 
-def _per_call_seconds(one_call, args, inner: int, reps: int) -> float:
+def _per_call_seconds(one_call, args, inner: int, reps: int, budget_s: float | None = None) -> float:
     """one_call(i, *args) -> a float32 scalar that depends on the work."""
     looped = jax.jit(lambda *a: lax.fori_loop(0, inner, lambda i, acc: acc + one_call(i, *a), jnp.float32(0)))
-    return fastest_seconds(lambda: looped(*args).block_until_ready(), reps) / inner
+    return fastest_seconds(lambda: looped(*args).block_until_ready(), reps, budget_s=budget_s) / inner
 
 
 def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
-                    cache_size: int | None = None, inner: int = 16) -> float:
+                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
     """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
     the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
     cfg = model.config
@@ -89,11 +96,12 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
     # otherwise every call copies it into the loop's carry first (returned, so that the carry can live in it).
     looped = jax.jit(run, donate_argnums=1)
     fresh_cache = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
-    return fastest_seconds(lambda c: jax.block_until_ready(looped(model.params, c)), reps, fresh_cache) / inner
+    return fastest_seconds(lambda c: jax.block_until_ready(looped(model.params, c)), reps, fresh_cache,
+                           budget_s) / inner
 
 
 def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
-                    cache_size: int | None = None, inner: int = 16) -> float:
+                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
     """One drafter.propose call (all k draft tokens, or the whole tree) on a context of `context` committed
     tokens. The drafter's state comes from its own init() on a random prompt (with the target's prefill output
     and the target weights it declares), so any registered drafter is measured the way the loop runs it.
@@ -119,11 +127,11 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
             lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
         return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
-    return _per_call_seconds(one, (draft_params, state, tokens, exposed), inner, reps)
+    return _per_call_seconds(one, (draft_params, state, tokens, exposed), inner, reps, budget_s)
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,
-                 cache_size: int | None = None, inner: int = 4) -> float:
+                 cache_size: int | None = None, inner: int = 4, budget_s: float | None = None) -> float:
     """One drafter.init call after a prompt of prompt_len tokens (e.g. a draft model's own prefill; ~0 for
     drafters with no state). The target's prefill is not included: forward_seconds measures it."""
     cfg = model.config
@@ -140,7 +148,7 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
         leaves = jax.tree_util.tree_leaves(drafter.init(params, ctx, prefill, sp))
         return sum((x.ravel()[-1].astype(jnp.float32) for x in leaves), jnp.float32(0))
 
-    return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps)
+    return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps, budget_s)
 
 
 def prefill_seconds(model, ids: list[list[int]], buffer_len: int, reps: int = 5, **prepare_kw) -> float:

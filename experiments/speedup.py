@@ -70,7 +70,7 @@ flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method draft
 # --runs=humaneval:draft_model:4,humaneval:draft_model:4:dyn4x2,humaneval:ngram:4,stdlib:draft_model:4,stdlib:ngram:4
 flags.DEFINE_list("runs", [f"{pset}:{method}:{k}:stop_at_eos=true" for pset in ("sharegpt", "humaneval_chat", "grounded")
                            for method, k in (("ngram", 4), ("suffix", 8))], "prompt_set:method:k[:tree] entries")
-flags.DEFINE_integer("num_prompts", 4, "prompts per prompt set")
+flags.DEFINE_integer("num_prompts", 3, "prompts per prompt set")
 flags.DEFINE_integer("max_new_tokens", 96, "tokens generated per prompt")
 flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactness column compares tokens with plain decoding)")
 flags.DEFINE_integer("top_k", 0, "top-k (0 = off)")
@@ -105,6 +105,15 @@ def spec_config(method: str, k: int | None, tree: str = "", artifact: str | None
         fields.update(tree_fields(tree, k, artifact))
     fields.update(overrides)
     return SpecConfig(method=method, **fields)
+
+
+# SpecConfig fields a run may set that its plain baseline must share: sampling, stopping, lengths, attention.
+BASELINE_FIELDS = ("temperature", "top_k", "top_p", "max_new_tokens", "stop_at_eos", "max_cache_len", "implementation")
+
+
+def baseline_overrides(run: dict) -> dict:
+    """The run's overrides of the fields its plain baseline shares (BASELINE_FIELDS)."""
+    return {f: v for f, v in run["overrides"].items() if f in BASELINE_FIELDS}
 
 
 def parse_run(entry: str) -> dict:
@@ -209,14 +218,14 @@ def one_at_a_time() -> None:
             t = targets[run["target"]]
             print(f"target {t.name}: {t.config.num_params() / 1e6:.1f}M params")
         target = targets[run["target"]]
-        # Sampling settings are per run (a run may set temperature=...); its plain baseline uses the same ones.
-        sampling = {f: v for f, v in run["overrides"].items() if f in ("temperature", "top_k", "top_p")}
-        plain_config = spec_config("none", None, **sampling)
+        # A run's own settings of what plain decoding reads too (temperature=..., stop_at_eos=...) are its plain
+        # baseline's: the exactness column compares like with like.
+        plain_config = spec_config("none", None, **baseline_overrides(run))
         temperature = plain_config.temperature
         if (pset, run["target"]) not in prompt_sets:
             prompt_sets[(pset, run["target"])] = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
         prompts = prompt_sets[(pset, run["target"])]
-        key = (pset, run["target"], plain_config.sampling)
+        key = (pset, run["target"], plain_config)
         if key not in baselines:
             baselines[key] = run_prompts(target, prompts, [(plain_config, None)])[0]
             tps = baselines[key][1]["tokens_per_s"]
@@ -343,8 +352,7 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             if len(prompts) < B:
                 raise ValueError(f"prompt set {pset!r} has {len(prompts)} prompts, fewer than batch size {B}")
             ids = [harness.prompt_ids(target, p) for p in prompts]     # tokenized once
-            sampling = {f: v for f, v in run["overrides"].items() if f in ("temperature", "top_k", "top_p")}
-            plain_config = spec_config("none", None, **sampling)
+            plain_config = spec_config("none", None, **baseline_overrides(run))
             plain_out = (specjax.generate(target, ids, plain_config, pad_to=max(map(len, ids))).tokens
                          if registry.get(method).per_request_params else None)   # predictions: plain's output
             drafter = drafter_argument(target, method, plain_out, run["drafter"])
