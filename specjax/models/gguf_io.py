@@ -212,7 +212,8 @@ def convert_gguf(path: str | os.PathLike, cache: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
     stem = os.path.basename(path)[:-len(".gguf")] if path.endswith(".gguf") else os.path.basename(path)
-    out = os.path.join(cache, "gguf", f"{stem}-{_file_key(path)}")
+    key = _file_key(path)
+    out = os.path.join(cache, "gguf", f"{stem}-{key}")
     if os.path.isfile(os.path.join(out, "config.json")):
         return out
     params, cfg, tokenizer, chat_template = read_gguf(path)
@@ -221,7 +222,7 @@ def convert_gguf(path: str | os.PathLike, cache: str) -> str:
     try:
         save_pretrained(params, cfg, tmp, tokenizer=tokenizer, dtype="float32", chat_template=chat_template)
         with open(os.path.join(tmp, "SOURCE.json"), "w") as f:
-            json.dump({"gguf": path, "key": _file_key(path)}, f)
+            json.dump({"gguf": path, "key": key}, f)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
