@@ -11,6 +11,16 @@ the greedy path (what temperature-0 decoding verifies) and the spread of the tar
 Output: data/selfdistill/<key>/{train,heldout}.npy, uint16 [N, prompt_len + new_tokens], plus meta.json. The key
 hashes the target's weights file and every setting, so another target or setting never reuses stale data.
 Generation runs in chunks that are saved as they finish: an interrupted run resumes where it stopped.
+
+Chat targets (a model with a chat template, e.g. SmolLM2-135M-Instruct) learn from chats instead:
+
+    python -m train.self_distill --chat --target=smollm2-135m --num_train=4096      # data/selfdistill/chat-<key>/
+
+Prompts are the first user turns of ShareGPT's training split (train.sharegpt; the held-out split gives the held-out
+rows), rendered with the target's chat template; the target answers each until its end of turn (or new_tokens).
+Rows then have their own lengths: {split}.npz holds tokens [N, R] uint16 (prompt, answer, then zeros),
+prompt_len [N] and length [N] int32. Chunks are keyed by their position in a fixed prompt order, so a rerun with a
+larger num_train reuses every chunk already made.
 """
 from __future__ import annotations
 
@@ -100,9 +110,103 @@ def build(target_path: str, data_dir: str = DEFAULT_DIR, num_train: int = 4096, 
             "heldout": np.load(os.path.join(out_dir, "heldout.npy"), mmap_mode="r"), "meta": meta, "dir": out_dir}
 
 
+def chat_prompts(target, conversations, n: int, max_prompt_tokens: int, seed: int) -> list[list[int]]:
+    """n first-turn chats of `conversations` in a seeded order, rendered with the target's template and tokenized;
+    chats longer than max_prompt_tokens are skipped (the order, and so every chunk, is the same for any n)."""
+    from specjax.inputs import render_chat
+    from train.sharegpt import first_turn_chats
+    order = np.random.default_rng(seed).permutation(len(conversations))
+    chats = first_turn_chats([conversations[i] for i in order], len(conversations))
+    out = []
+    for chat in chats:
+        ids = target.tokenize(render_chat(target, chat))
+        if len(ids) <= max_prompt_tokens:
+            out.append(ids)
+        if len(out) == n:
+            break
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} chats of at most {max_prompt_tokens} prompt tokens; asked for {n}")
+    return out
+
+
+def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greedy_fraction: float, batch: int,
+                        seed: int, chunk_dir: str, log=print) -> dict:
+    """Answer every prompt with the target (stopping at its end of turn) -> {"tokens" [N, R] uint16, "prompt_len"
+    [N], "length" [N]} with R = the longest prompt + new_tokens. Chunk c holds prompts c * batch ..; the greedy
+    ones are those below greedy_fraction of the batch in each chunk (so any prefix of chunks has both kinds)."""
+    os.makedirs(chunk_dir, exist_ok=True)
+    width = max(len(p) for p in prompts) + new_tokens
+    parts, t0, made = [], time.time(), 0
+    for c, start in enumerate(range(0, len(prompts), batch)):
+        path = os.path.join(chunk_dir, f"chunk{c:05d}.npz")
+        block = prompts[start:start + batch]
+        if not os.path.exists(path):
+            n_greedy = int(round(greedy_fraction * len(block)))
+            rows = np.zeros((len(block), width), np.uint16)
+            answers = [None] * len(block)
+            for lo, hi, temp in ((0, n_greedy, 0.0), (n_greedy, len(block), 1.0)):
+                if hi > lo:
+                    cfg = SpecConfig(max_new_tokens=new_tokens, stop_at_eos=True, temperature=temp)
+                    res = specjax.generate(target, block[lo:hi], cfg, seed=seed,
+                                           request_ids=list(range(start + lo, start + hi)))
+                    answers[lo:hi] = res.tokens
+            for i, (p, a) in enumerate(zip(block, answers)):
+                rows[i, :len(p) + len(a)] = p + list(a)
+            greedy = np.arange(len(block)) < n_greedy
+            np.savez(path + ".tmp.npz", tokens=rows, prompt_len=np.array([len(p) for p in block], np.int32),
+                     length=np.array([len(p) + len(a) for p, a in zip(block, answers)], np.int32), greedy=greedy)
+            os.replace(path + ".tmp.npz", path)
+            made += sum(len(a) for a in answers)
+            log(f"[self_distill] {chunk_dir}: {start + len(block)}/{len(prompts)} chats, "
+                f"{made / (time.time() - t0):.0f} generated tokens/s")
+        with np.load(path) as z:
+            part = {k: z[k] for k in z.files}
+        pad = width - part["tokens"].shape[1]
+        part["tokens"] = np.pad(part["tokens"], ((0, 0), (0, max(pad, 0))))[:, :width]
+        parts.append(part)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_train: int = 4096,
+               num_heldout: int = 256, max_prompt_tokens: int = 384, new_tokens: int = 256,
+               greedy_fraction: float = 0.5, batch: int = 64, seed: int = 0, log=print) -> dict:
+    """Build (or extend, or reuse) the chat dataset of a chat target (a name or path load_model takes) ->
+    {"train": {...}, "heldout": {...}, "meta": dict, "dir"} with the arrays generate_chat_split returns."""
+    from specjax.models.model import model_directory
+    from train import sharegpt
+    target_dir = model_directory(target)
+    settings = dict(max_prompt_tokens=max_prompt_tokens, new_tokens=new_tokens, greedy_fraction=greedy_fraction,
+                    batch=batch, seed=seed, data="sharegpt-first-turns", v=1)
+    out_dir = os.path.join(data_dir, "chat-" + dataset_key(target_dir, settings))
+    sizes = dict(train=num_train, heldout=num_heldout)
+    meta_path = os.path.join(out_dir, "meta.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    if any(meta.get(f"num_{k}") != v for k, v in sizes.items()):
+        model = specjax.load_model(target)
+        train_convs, heldout_convs = sharegpt.split(sharegpt.read_conversations())
+        for split, convs, s in (("heldout", heldout_convs, seed + 1), ("train", train_convs, seed)):
+            prompts = chat_prompts(model, convs, sizes[split], max_prompt_tokens, s)
+            arrays = generate_chat_split(model, prompts, new_tokens, greedy_fraction, batch, s,
+                                         os.path.join(out_dir, f"{split}_chunks"), log)
+            np.savez(os.path.join(out_dir, f"{split}.npz"), **arrays)
+        meta = dict(settings, num_train=num_train, num_heldout=num_heldout, target=target,
+                    target_dir=os.path.normpath(target_dir), sharegpt=sharegpt.sharegpt_path(),
+                    created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=1)
+    load = lambda split: dict(np.load(os.path.join(out_dir, f"{split}.npz")))
+    return {"train": load("train"), "heldout": load("heldout"), "meta": meta, "dir": out_dir}
+
+
 def main(argv) -> None:
     from absl import flags
     F = flags.FLAGS
+    if F.chat:
+        res = build_chat(F.target, F.data_dir, F.num_train, F.num_heldout, F.max_prompt_tokens, F.new_tokens,
+                         F.greedy_fraction, F.batch, F.seed)
+        print(f"[self_distill] {res['dir']}: train {res['train']['tokens'].shape}, "
+              f"heldout {res['heldout']['tokens'].shape}")
+        return
     res = build(F.target, F.data_dir, F.num_train, F.num_heldout, F.prompt_len, F.new_tokens, F.greedy_fraction,
                 F.batch, F.seed, max_files=F.max_files)
     print(f"[self_distill] {res['dir']}: train {res['train'].shape}, heldout {res['heldout'].shape}")
@@ -110,7 +214,8 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     from absl import app, flags
-    flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory")
+    flags.DEFINE_string("target", "checkpoints/stdlib-target", "target checkpoint directory (--chat: any name or "
+                        "path load_model takes, e.g. smollm2-135m)")
     flags.DEFINE_string("data_dir", DEFAULT_DIR, "where datasets are cached (gitignored)")
     flags.DEFINE_integer("num_train", 4096, "training continuations")
     flags.DEFINE_integer("num_heldout", 256, "held-out continuations (prompts from the held-out files)")
@@ -120,6 +225,8 @@ if __name__ == "__main__":
     flags.DEFINE_integer("batch", 64, "prompts per generate() call")
     flags.DEFINE_integer("seed", 0, "prompt offsets and sampling seed")
     flags.DEFINE_integer("max_files", None, "stdlib file subset (tests)")
+    flags.DEFINE_bool("chat", False, "a chat target: ShareGPT first turns answered by the target (build_chat)")
+    flags.DEFINE_integer("max_prompt_tokens", 384, "chat: longest rendered prompt kept")
     app.run(main)
 
 
