@@ -139,6 +139,8 @@ class SpecConfig:
                 ok = False
             if not ok:
                 raise ValueError(f"drafter option {name}={value!r} for method={self.method!r}: {opt.help}")
+        # Lists become tuples: the config is a static argument of the compiled loop, so it must hash.
+        opts = {name: tuple(v) if isinstance(v, list) else v for name, v in opts.items()}
         object.__setattr__(self, "drafter_options", tuple(sorted(opts.items())) or None)
 
     def _validate_policy(self) -> None:

@@ -97,6 +97,11 @@ def target_exposure(drafter: Drafter, target_params: dict,
                                           for name in drafter.target_weights}
 
 
+def shares_target_cache(drafter: Drafter) -> bool:
+    """Whether the drafter's propose reads and writes the target's cache (specjax.drafters.base)."""
+    return bool(getattr(drafter, "shares_target_cache", False))
+
+
 # What a group's own cache costs the decode loop per step (gathers and an attention call of its own in every
 # layer), counted as the (row, slot) pairs an attention pass over one buffer reads in the same time on a CPU. A
 # heuristic: a ragged batch whose groups spare fewer pairs than this per extra group keeps one buffer.
@@ -273,8 +278,16 @@ def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
     k = run.drafter.k
     keys = jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))   # [B, 2]: propose, accept
     ctx = _context(run, s)
-    draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, keys[:, 0], run.spec.sampling)
-    v = _verify(run, ctx, draft, s.cache, keys[:, 1])
+    cache = s.cache
+    if shares_target_cache(run.drafter):          # it drafts over the loop's cache, past the committed entries
+        draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
+                                                        ctx._replace(target_cache=cache), keys[:, 0],
+                                                        run.spec.sampling)
+        cache = cache.replace(lengths=s.cache.lengths)   # the verify pass writes from the committed entries on
+    else:
+        draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, keys[:, 0],
+                                                 run.spec.sampling)
+    v = _verify(run, ctx, draft, cache, keys[:, 1])
     n = v.num_accepted                                                                # [B]
     committed, count = _commit_tokens(run, s, v.new, n)
     draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, v.out, v.verified)

@@ -122,6 +122,12 @@ FACTORIES = {
     # Lookahead's k is fixed by (W + G)(N - 1): the smallest shape at k = 1, a 2-level window beyond.
     "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
     "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
+    # The test target has 2 layers: the draft pass runs layer 0 alone.
+    "layer_skip": lambda c: (dict(method="layer_skip", num_speculative_tokens=c.k,
+                                  drafter_options=dict(skip_layers=[1])), None),
+    "layer_skip-dynamic_tree": lambda c: (dict(method="layer_skip", num_steps=min(c.k, 3), topk=2,
+                                               num_draft_tokens=c.k + 1, drafter_options=dict(skip_layers=[1])),
+                                          None),
 }
 
 

@@ -11,6 +11,11 @@ Target exposure: a drafter declares, as static attributes, what it reads of the 
     (`target_out.hidden`). Default (): nothing extra is computed.
   target_weights: names among TARGET_WEIGHTS the drafter reads (e.g. the embedding and LM head for heads that
     share them); they arrive in `ctx.target_weights`. Default (): an empty dict.
+  shares_target_cache (optional, default False): propose gets the target's KV cache as `ctx.target_cache`
+    (lengths = committed tokens - 1: everything but the last committed token) and returns (Draft, state, cache):
+    that cache, in which it may have written entries at slots from ctx.length - 1 on, at most as many as the verify
+    pass then feeds (k + 1, or the tree's nodes), which overwrites them. Writing in place into the loop's cache
+    costs nothing; a copy of it per step would (self-speculation by layer skipping drafts over it).
 How a drafter is built from a config and what it is registered under: specjax.drafters.registry.
 """
 from __future__ import annotations
@@ -27,8 +32,9 @@ from specjax.trees import Tree
 
 
 # Target weights a drafter may declare in `target_weights`: the token embedding [V, H], the LM head [H, V] (the
-# transposed embedding when tied) and the final norm [H].
-TARGET_WEIGHTS = ("embed", "lm_head", "final_norm")
+# transposed embedding when tied), the final norm [H] and the decoder layers (the list of layer dicts, as laid
+# out for the mesh: llama.forward reads them as the target's forward does).
+TARGET_WEIGHTS = ("embed", "lm_head", "final_norm", "layers")
 
 
 class Context(NamedTuple):
@@ -37,6 +43,7 @@ class Context(NamedTuple):
     length: jax.Array          # [B] committed tokens; the last one (length - 1) is not yet in the target cache
     prompt_length: jax.Array   # [B]
     target_weights: Any = None   # {name: array} for the drafter's declared target_weights
+    target_cache: Any = None     # the target's KVCache, for a drafter that shares_target_cache (propose only)
 
 
 class Verified(NamedTuple):
@@ -105,7 +112,7 @@ def target_weight(target_params: dict, name: str, vocab_size: int | None = None)
     if name == "embed":
         w = target_params["embed"]
         return w if vocab_size is None or w.shape[0] == vocab_size else w[:vocab_size]
-    if name == "final_norm":
+    if name in ("final_norm", "layers"):
         return target_params[name]
     raise ValueError(f"unknown target weight {name!r}; a drafter may read {TARGET_WEIGHTS}")
 

@@ -91,12 +91,15 @@ def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, 
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache | GroupedKVCache, *,
             depths: jax.Array | None = None, mask: jax.Array | None = None,
             hidden_layers: Sequence[int] = (), implementation: str = "xla",
-            input_embeds: jax.Array | None = None, logits_at: jax.Array | None = None) -> ForwardOut:
+            input_embeds: jax.Array | None = None, logits_at: jax.Array | None = None,
+            layers: Sequence[int] | None = None) -> ForwardOut:
     """tokens [B, T] int32. New tokens occupy cache slots lengths .. lengths + T - 1; their RoPE positions are
     lengths + depths (depths [T] or [B, T]; default arange(T), i.e. a chain). mask: None (causal) or a tree
     ancestor mask [T, T] / [B, T, T]. Caller must guarantee lengths + T <= cache.size.
     logits_at [B] int: the logits of only that position of each row ([B, 1, V]); a prefill needs only its last
-    prompt position's, and the LM head over every position of a batch of long prompts is a fifth of its cost."""
+    prompt position's, and the LM head over every position of a batch of long prompts is a fifth of its cost.
+    layers (static): the decoder layers to run, in order (None: all); each writes its own cache layer and the
+    others are left as they were (layer-skip drafting runs a subset of the target over the target's cache)."""
     B, T = tokens.shape
     if depths is None:
         depths = jnp.arange(T, dtype=jnp.int32)
@@ -108,9 +111,9 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache | 
         raise ValueError(f"hidden_layers {bad} out of range: the model has {len(params['layers'])} decoder layers")
     x = params["embed"][tokens] if input_embeds is None else input_embeds    # [B, T, H]
     layer_hidden = {}
-    for i, lp in enumerate(params["layers"]):
-        x, cache = decoder_layer(lp, cfg, x, positions, cache, i, mask, implementation=implementation,
-                                 inv_freq=inv_freq)
+    for i in range(len(params["layers"])) if layers is None else layers:
+        x, cache = decoder_layer(params["layers"][i], cfg, x, positions, cache, i, mask,
+                                 implementation=implementation, inv_freq=inv_freq)
         if i in hidden_layers:
             layer_hidden[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
