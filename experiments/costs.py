@@ -20,7 +20,7 @@ from jax import lax
 from specjax import api
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
-from specjax.decode import target_exposure
+from specjax.decode import shares_target_cache, target_exposure
 from specjax.drafters.base import Context
 from specjax.models.llama import forward
 
@@ -119,15 +119,19 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
     state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
 
-    def one(i, params, state, tokens, exposed):
-        ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed)
+    # A drafter that drafts over the target's cache gets the prefill's (as the loop hands it the loop's cache).
+    target_cache = prefill.cache.replace(lengths=lengths - 1) if shares_target_cache(drafter) else None
+
+    def one(i, params, state, tokens, exposed, target_cache):
+        ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed,
+                      target_cache)
         # Head drafters (Medusa, EAGLE) read only their state, not the tokens: make the state depend on i too (a
         # perturbation below float32 resolution of O(1) values), or XLA hoists the whole proposal out of the loop.
         state = jax.tree_util.tree_map(
             lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
         return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
-    return _per_call_seconds(one, (draft_params, state, tokens, exposed), inner, reps, budget_s)
+    return _per_call_seconds(one, (draft_params, state, tokens, exposed, target_cache), inner, reps, budget_s)
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,

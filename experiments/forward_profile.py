@@ -1,0 +1,129 @@
+"""Where a target forward's time goes on this machine: its cost over T = 1, 2, 3, 5, 9, 17 positions relative to
+T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA operation of each.
+
+  python -m experiments.forward_profile                                  # SmolLM2-135M and the toy
+  python -m experiments.forward_profile --targets=stdlib-target --positions=1,5 --batch=8
+
+Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
+compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
+loop run under jax.profiler, every executed XLA thunk summed by kind (its HLO name without the numeric suffix, e.g.
+`dot`, `ynn_fusion`: a matmul handed to YNNPACK, `copy`, `select_bitcast_fusion`) on every host thread, so a kind
+that runs on two threads at once counts twice: `thread ms` is CPU time per forward, not wall time. The kinds that
+grow with T are where a verify pass loses to a one-position step; the matmul kinds against the weight bytes give
+the bandwidth each reaches (`GB/s`: weight bytes / the kind's thread time, for the matmul kinds).
+
+Rows are written with experiments.tables.write_table under --out (default runs/forward_profile).
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+import shutil
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import specjax
+from specjax.cache import KVCache
+from specjax.models.llama import forward
+from experiments import costs
+from experiments.tables import text_table, write_table
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("targets", ["smollm2-135m", "stdlib-target"], "targets (names or directories load_model takes)")
+flags.DEFINE_list("positions", ["1", "2", "3", "5", "9", "17"], "T: positions per forward")
+flags.DEFINE_integer("context", 332, "tokens of history in the cache")
+flags.DEFINE_integer("batch", 1, "rows per forward")
+flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
+flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
+flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
+
+MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion")
+INNER = 8
+
+
+def looped_forward(model, T: int, batch: int, context: int):
+    """(compiled fn, its arguments): INNER forwards chained in one loop, as experiments.costs times them."""
+    cfg = model.config
+    cache = KVCache.init(cfg.num_layers, batch, context + T + 1, cfg.num_kv_heads, cfg.head_dim).replace(
+        lengths=jnp.full((batch,), context, jnp.int32))
+
+    def run(params, cache):
+        def step(i, carry):
+            acc, cache = carry
+            toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
+            out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache)
+            return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
+        return lax.fori_loop(0, INNER, step, (jnp.float32(0), cache))
+    return jax.jit(run), (model.params, cache)
+
+
+def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[str, tuple[float, float]]:
+    """{operation kind: (thread ms per forward, executions per forward)} from a profile of `calls` calls."""
+    fn, args = looped_forward(model, T, batch, context)
+    jax.block_until_ready(fn(*args))
+    where = tempfile.mkdtemp(prefix="forward_profile_")
+    try:
+        with jax.profiler.trace(where):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        data = jax.profiler.ProfileData.from_file(glob.glob(f"{where}/**/*.xplane.pb", recursive=True)[0])
+        ns, count = collections.Counter(), collections.Counter()
+        for plane in data.planes:
+            for line in plane.lines:
+                if "Eigen" not in line.name and "PjRt" not in line.name:      # XLA's host threads only
+                    continue
+                for ev in line.events:
+                    # containers (the executor, the loop) and waits: their time is their contents'
+                    if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
+                        continue
+                    kind = re.sub(r"[.\d]+$", "", ev.name)
+                    ns[kind] += ev.duration_ns
+                    count[kind] += 1
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    n = calls * INNER
+    return {kind: (ns[kind] / 1e6 / n, count[kind] / n) for kind in ns}
+
+
+def main(argv):
+    rows, summary = [], []
+    positions = [int(t) for t in FLAGS.positions]
+    for name in FLAGS.targets:
+        model = specjax.load_model(name)
+        weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+        one = None
+        for T in positions:
+            seconds = costs.forward_seconds(model, FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
+            one = seconds if one is None else one
+            row = dict(target=name, batch=FLAGS.batch, context=FLAGS.context, positions=T, ms=seconds * 1e3,
+                       vs_one=seconds / one, weight_GB_s=weight_bytes / seconds / 1e9)
+            if FLAGS.breakdown:
+                kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
+                matmul_ms = sum(ms for k, (ms, _) in kinds.items() if k in MATMUL_KINDS)
+                row.update(thread_ms=sum(ms for ms, _ in kinds.values()), matmul_thread_ms=matmul_ms,
+                           matmul_GB_s=weight_bytes / (matmul_ms / 1e3) / 1e9 if matmul_ms else None,
+                           ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
+                                for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
+                top = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]
+                summary.append([name, T, f"{seconds * 1e3:.2f}", f"{seconds / one:.2f}",
+                                "; ".join(f"{k} {ms:.2f} ms x{c:.0f}" for k, (ms, c) in top)])
+            rows.append(row)
+            print(f"{name} T={T}: {seconds * 1e3:.2f} ms, {seconds / one:.2f}x T=1"
+                  + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else ""), flush=True)
+    header = ["target", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
+    if summary:
+        print(text_table(header, summary))
+    write_table(rows, FLAGS.out, {"positions": positions, "context": FLAGS.context, "batch": FLAGS.batch,
+                                  "inner": INNER})
+
+
+if __name__ == "__main__":
+    app.run(main)
