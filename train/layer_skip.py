@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 from absl import app, flags
 import jax
@@ -78,16 +79,18 @@ def _attend(q, k_ctx, v_ctx, k_own, v_own, group: int):
 
 
 def make_forward(target):
-    """One compiled cacheless pass, every layer run or skipped by a [L] bool array (the search's skip sets share a
-    program), with the layer-skip drafter's context: at a kept layer, position t attends to the FULL model's keys
-    and values of positions < t (what the target's cache holds) and to its own skip-path key and value at t. Its
-    argmax at t is the drafter's first draft after the committed tokens 0..t.
-    -> fn(keep [L] bool, tokens [B, T]) -> (argmax [B, T], the full model's argmax [B, T], per-layer relative
-    update norms [L] of the full model)."""
+    """Two compiled passes with the layer-skip drafter's context: at a kept layer, position t attends to the FULL
+    model's keys and values of positions < t (what the target's cache holds) and to its own skip-path key and value
+    at t, so its argmax at t is the drafter's first draft after the committed tokens 0..t.
+    -> (full(tokens [B, T]) -> (the full model's argmax [B, T], context keys and values [L, B, T, Hkv, D] each,
+        per-layer relative update norms [L]),
+        skipped(keep [L] bool, tokens, keys, values) -> argmax [B, T]: every layer run or skipped at run time, so
+        the search's skip sets share one program and a skipped layer costs nothing)."""
     cfg, params = target.config, target.params
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])
     inv_freq = rope_inv_freq(cfg)
     Hq, Hkv, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    group = Hq // Hkv
 
     def project(lp, x, positions):
         B, T = x.shape[:2]
@@ -105,42 +108,75 @@ def make_forward(target):
     def argmax(x):
         return jnp.argmax(lm_head(params, rms_norm(x, params["final_norm"], eps), cfg.vocab_size), -1)
 
+    def positions_of(tokens):
+        return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
     @jax.jit
-    def fn(keep, tokens):
-        B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    def full(tokens):
+        T = tokens.shape[1]
+        positions = positions_of(tokens)
         causal = jnp.tril(jnp.ones((T, T), bool))
 
-        def full_layer(x, lp):
+        def layer(x, lp):
             q, k, v = project(lp, x, positions)
-            s = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, Hq // Hkv, 2)) / jnp.sqrt(D)
+            s = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, group, 2)) / jnp.sqrt(D)
             p = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), -1)
-            y = finish(lp, x, jnp.einsum("bhts,bshd->bthd", p, jnp.repeat(v, Hq // Hkv, 2)))
+            y = finish(lp, x, jnp.einsum("bhts,bshd->bthd", p, jnp.repeat(v, group, 2)))
             change = jnp.mean(jnp.linalg.norm(y - x, axis=-1) / jnp.linalg.norm(x, axis=-1))
-            return y, (x, change)
+            return y, (k, v, change)
 
-        x0 = params["embed"][tokens]
-        x_full, (inputs, change) = lax.scan(full_layer, x0, stacked)              # inputs [L, B, T, H]
+        x, (keys, values, change) = lax.scan(layer, params["embed"][tokens], stacked)
+        return argmax(x), keys, values, change
 
-        def skip_layer(x, per_layer):
-            lp, run, x_ctx = per_layer
-            _, k_ctx, v_ctx = project(lp, x_ctx, positions)
-            q, k, v = project(lp, x, positions)
-            y = finish(lp, x, _attend(q, k_ctx, v_ctx, k, v, Hq // Hkv))
-            return jnp.where(run, y, x), None
+    @jax.jit
+    def skipped(keep, tokens, keys, values):
+        positions = positions_of(tokens)
 
-        x_skip, _ = lax.scan(skip_layer, x0, (stacked, keep, inputs))
-        return argmax(x_skip), argmax(x_full), change
-    return fn
+        def layer(x, per_layer):
+            lp, run, k_ctx, v_ctx = per_layer
+
+            def run_layer(x):
+                q, k, v = project(lp, x, positions)
+                return finish(lp, x, _attend(q, k_ctx, v_ctx, k, v, group))
+            return lax.cond(run, run_layer, lambda x: x, x), None
+
+        x, _ = lax.scan(layer, params["embed"][tokens], (stacked, keep, keys, values))
+        return argmax(x)
+    return full, skipped
 
 
-def agreement(fn, keep: np.ndarray, tokens: np.ndarray, mask: np.ndarray, reference: np.ndarray,
-              rows: int = 4) -> float:
-    hits = 0
-    for s in range(0, len(tokens), rows):
-        pred, _, _ = fn(jnp.asarray(keep), jnp.asarray(tokens[s:s + rows]))
-        hits += int(np.sum((np.asarray(pred) == reference[s:s + rows]) & mask[s:s + rows]))
-    return hits / int(mask.sum())
+class Rows(NamedTuple):
+    """The search's rows in chunks, with what the full model gives once: argmax and its keys / values."""
+    tokens: list
+    mask: list
+    reference: list
+    keys: list
+    values: list
+    change: np.ndarray            # [L] mean relative update norm of each layer
+
+
+def prepare_rows(full, tokens: np.ndarray, mask: np.ndarray, rows: int = 4) -> Rows:
+    chunks = [slice(s, s + rows) for s in range(0, len(tokens), rows)]
+    out = Rows([], [], [], [], [], None)
+    changes = []
+    for c in chunks:
+        ref, k, v, change = full(jnp.asarray(tokens[c]))
+        out.tokens.append(jnp.asarray(tokens[c]))
+        out.mask.append(mask[c])
+        out.reference.append(np.asarray(ref))
+        out.keys.append(k)
+        out.values.append(v)
+        changes.append(np.asarray(change))
+    return out._replace(change=np.mean(changes, 0))
+
+
+def agreement(skipped, keep: np.ndarray, rows: Rows) -> float:
+    hits = total = 0
+    for tokens, mask, ref, k, v in zip(rows.tokens, rows.mask, rows.reference, rows.keys, rows.values):
+        pred = np.asarray(skipped(jnp.asarray(keep), tokens, k, v))
+        hits += int(np.sum((pred == ref) & mask))
+        total += int(mask.sum())
+    return hits / total
 
 
 def draft_cost(target, skip: set) -> float:
@@ -166,12 +202,10 @@ def protected(names, num_layers: int) -> set[int]:
 
 def search(target, tokens, mask, max_skip: int, candidates: int, keep_always: set[int], verify_cost: dict,
            k_max: int, log=print) -> list[dict]:
-    fn = make_forward(target)
+    full, skipped = make_forward(target)
     L = target.config.num_layers
-    full = np.ones(L, bool)
-    reference = np.concatenate([np.asarray(fn(jnp.asarray(full), jnp.asarray(tokens[s:s + 4]))[1])
-                                for s in range(0, len(tokens), 4)])
-    change = np.asarray(fn(jnp.asarray(full), jnp.asarray(tokens[:4]))[2])
+    rows = prepare_rows(full, tokens, mask)
+    change = rows.change
     skip: list[int] = []
     table = []
     for s in range(1, max_skip + 1):
@@ -181,9 +215,9 @@ def search(target, tokens, mask, max_skip: int, candidates: int, keep_always: se
         pool = pool[:candidates] if candidates else pool
         scores = {}
         for i in pool:
-            keep = full.copy()
+            keep = np.ones(L, bool)
             keep[skip + [int(i)]] = False
-            scores[int(i)] = agreement(fn, keep, tokens, mask, reference)
+            scores[int(i)] = agreement(skipped, keep, rows)
         best = max(scores, key=scores.get)
         skip.append(best)
         c = draft_cost(target, set(skip))
