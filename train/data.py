@@ -19,7 +19,7 @@ import re
 import sys
 import sysconfig
 import warnings
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -257,8 +257,8 @@ class PackedBatches:
             self._epoch_cache = {e: (rng.permutation(self.num_windows), int(rng.integers(self.seq_len)))}
         return self._epoch_cache[e]
 
-    def batch(self, step: int) -> np.ndarray:
-        """int32 [batch, seq_len + 1]."""
+    def batch(self, step: int):
+        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
         L = self.seq_len
         out = np.empty((self.batch_size, L + 1), np.int32)
         for r in range(self.batch_size):
@@ -272,20 +272,53 @@ class PackedBatches:
         return steps * self.batch_size / self.num_windows
 
 
+class LabeledRows(NamedTuple):
+    """Self-distilled rows with their label spans: token p of a row is a label (target-generated, trained on) when
+    first_label <= p < label_end. Rows of one fixed layout (a corpus prompt of the same length in every row, the
+    target's continuation after it) are plain [B, R] arrays and get their recipe's first_label and label_end R + 1
+    (labeled(): the prediction past the row's end is still the target's); chat rows carry their own prompt length
+    and length (the answer through its end-of-turn token; padding after it)."""
+    tokens: np.ndarray         # [B, R] int32
+    first_label: np.ndarray    # [B] int32
+    label_end: np.ndarray      # [B] int32
+
+    def take(self, idx) -> "LabeledRows":
+        """The rows at idx (numpy or jax arrays alike)."""
+        return LabeledRows(self.tokens[idx], self.first_label[idx], self.label_end[idx])
+
+
+def label_tokens(rows, first_label: int = 0) -> np.ndarray:
+    """Every label token of rows (LabeledRows: inside each row's span; a plain [N, R] array: columns first_label
+    on), flat."""
+    if isinstance(rows, LabeledRows):
+        tokens = np.asarray(rows.tokens)
+        cols = np.arange(tokens.shape[1])[None, :]
+        keep = (cols >= np.asarray(rows.first_label)[:, None]) & (cols < np.asarray(rows.label_end)[:, None])
+        return tokens[keep]
+    return np.asarray(rows[:, first_label:]).ravel()
+
+
 class RowBatches:
     """Batches of whole rows of a [N, seq_len + 1] token array (e.g. a cached self-distillation set: the target's
     own generations, one sample per row). Sample k of the run (k = step * batch + row) is row perm_e[k mod N] of
     epoch e = k div N, perm_e drawn from (seed, e): like PackedBatches, a pure function of (seed, step)."""
 
-    def __init__(self, rows: np.ndarray, batch_size: int, seed: int):
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int, first_label: np.ndarray | None = None,
+                 label_end: np.ndarray | None = None):
+        """first_label, label_end [N]: each row's label span (chat rows, train.losses.common.LabeledRows); batches
+        are then LabeledRows, otherwise plain token arrays."""
         if rows.ndim != 2 or len(rows) < batch_size:
             raise ValueError(f"need a [N >= {batch_size}, seq_len + 1] token array, got shape {rows.shape}")
+        if (first_label is None) != (label_end is None):
+            raise ValueError("RowBatches: give both first_label and label_end, or neither")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.spans = None if first_label is None else (np.asarray(first_label, np.int32),
+                                                       np.asarray(label_end, np.int32))
         self.seq_len = rows.shape[1] - 1
         self._perm: dict[int, np.ndarray] = {}
 
-    def batch(self, step: int) -> np.ndarray:
-        """int32 [batch, seq_len + 1]."""
+    def batch(self, step: int):
+        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
         n = len(self.rows)
         idx = []
         for k in range(step * self.batch_size, (step + 1) * self.batch_size):
@@ -293,7 +326,10 @@ class RowBatches:
             if e not in self._perm:
                 self._perm = {e: np.random.default_rng([self.seed, e]).permutation(n)}
             idx.append(int(self._perm[e][k % n]))
-        return np.asarray(self.rows[idx], np.int32)
+        tokens = np.asarray(self.rows[idx], np.int32)
+        if self.spans is None:
+            return tokens
+        return LabeledRows(tokens, self.spans[0][idx], self.spans[1][idx])
 
     def epochs(self, steps: int) -> float:
         return steps * self.batch_size / len(self.rows)

@@ -64,12 +64,15 @@ flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identit
                   "identity on the top fused layer, the target's final norm and LM head columns)")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
+flags.DEFINE_enum("data", "corpus", ["corpus", "chat"], "self-distillation rows: corpus = stdlib windows continued by "
+                  "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
+                  "target (build_chat; each row's labels are its answer)")
 flags.DEFINE_bool("export_published", False, "also write the weights in the published EAGLE layout under "
                   "<out>/published (a second copy: off by default to keep checkpoints/ small)")
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
-             "num_train")
+             "num_train", "data")
 DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
 DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
 DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
@@ -77,10 +80,10 @@ DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 
 NOTES = """\
 {variant} drafter for {target}: one decoder layer (hidden {H}, {heads}/{kv_heads} heads, MLP {I}; {n_params:,}
 trainable parameters{own}), trained on {rows} continuations the target generated itself (train.self_distill; half
-greedy, half temperature 1; prompts from the stdlib training split), labels = target-generated tokens only.
+greedy, half temperature 1; {prompts}), labels = target-generated tokens only.
 {loss}
 {vocab}
-Held-out ({eval_rows} continuations from held-out stdlib prompts), drafter unrolled {n} steps on its own features,
+Held-out ({eval_rows} {heldout_prompts}), drafter unrolled {n} steps on its own features,
 top-1 agreement with the target's argmax per step: {acc}; chain agreement (steps 0..i all agree): {chain};
 expected accepted drafts of a {n}-token chain started at every label position: {accept:.3f} over all rows,
 {accept_g:.3f} on the greedy rows (where each chain is exactly what greedy verification would accept from that
@@ -133,24 +136,30 @@ def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
     return params
 
 
-def coverage(rows: np.ndarray, first: int, d2t, vocab_size: int) -> float:
-    """Share of the target-generated tokens of rows [N, R] (columns first..) inside the draft vocabulary."""
+def coverage(rows, first: int, d2t, vocab_size: int) -> float:
+    """Share of the target-generated tokens of rows (train.data.label_tokens) inside the draft vocabulary."""
     inside = eagle.t2d_from_d2t(d2t, vocab_size)
-    return float(inside[np.asarray(rows[:, first:], np.int64)].mean())
+    return float(inside[data.label_tokens(rows, first).astype(np.int64)].mean())
 
 
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
-    ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-    prompt_len, rows, heldout, n_greedy = self_distill.recipe_rows(ds)
+    if F.data == "chat":
+        ds = self_distill.build_chat(F.target, num_train=F.num_train, log=run.log)
+        prompt_len, rows, heldout, n_greedy = self_distill.chat_recipe_rows(ds)
+        batches = data.RowBatches(rows.tokens, F.batch_size, F.seed, rows.first_label, rows.label_end)
+    else:
+        ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
+        prompt_len, rows, heldout, n_greedy = self_distill.recipe_rows(ds)
+        batches = data.RowBatches(rows, F.batch_size, F.seed)
     ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
     noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
     cfg = drafter_config(F, target)
     is3 = cfg.kind == "eagle3"
     d2t, cov = None, {}
     if is3:
-        counts = np.bincount(np.asarray(rows[:, prompt_len:], np.int64).ravel(), minlength=tcfg.vocab_size)
+        counts = np.bincount(data.label_tokens(rows, prompt_len).astype(np.int64), minlength=tcfg.vocab_size)
         d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
         cov = {"train": coverage(rows, prompt_len, d2t, tcfg.vocab_size),
                "heldout": coverage(heldout, prompt_len, d2t, tcfg.vocab_size)}
@@ -205,12 +214,16 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         notes = NOTES.format(
             variant="EAGLE-3" if is3 else "EAGLE-1", target=F.target, H=c.hidden_size, heads=c.num_heads,
             kv_heads=c.num_kv_heads, I=c.intermediate_size, n_params=n_params,
-            own="" if "embed" not in params else ", own embedding", rows=len(rows), loss=loss, vocab=vocab,
+            own="" if "embed" not in params else ", own embedding", rows=len(batches.rows), loss=loss, vocab=vocab,
             eval_rows=record.get("heldout_rows"), n=n,
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)), accept=record["heldout_accept_len"],
             accept_g=record.get("heldout_accept_len_greedy", float("nan")),
-            kind=cfg.kind, published_note=published_note)
+            kind=cfg.kind, published_note=published_note,
+            prompts=("prompts: ShareGPT training-split first turns in the target's chat template, answered to the "
+                     "end of turn" if F.data == "chat" else "prompts from the stdlib training split"),
+            heldout_prompts=("answers to held-out ShareGPT first turns" if F.data == "chat" else
+                             "continuations from held-out stdlib prompts"))
         eagle.save(out_dir, weights, target, notes)
         if F.export_published:
             eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
@@ -225,11 +238,11 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         return fields, notes
 
     return skeleton.Parts(
-        params, loss_fn, evaluate, export, batches=data.RowBatches(rows, F.batch_size, F.seed),
+        params, loss_fn, evaluate, export, batches=batches, corpus=F.data == "corpus",
         summary=f"{'EAGLE-3' if is3 else 'EAGLE-1'}: hidden {cfg.hidden_size}, TTT {ttt} step(s), noise {noise}"
                 + (f", layers {list(cfg.target_layers)}, draft vocab {cfg.draft_vocab_size} (coverage "
                    f"{cov['train']:.3f} train / {cov['heldout']:.3f} held-out)" if is3 else "")
-                + f"; self-distillation rows {rows.shape}")
+                + f"; self-distillation rows {batches.rows.shape}")
 
 
 def recipe(kind: str) -> skeleton.Recipe:

@@ -231,10 +231,10 @@ if __name__ == "__main__":
 
 
 class RecipeRows(NamedTuple):
-    """What the drafter recipes read of a build() result."""
-    prompt_len: int            # labels before this column are corpus prompt tokens
-    rows: np.ndarray           # [N, R] training rows (memory-mapped)
-    heldout: np.ndarray        # [M, R] int32 held-out rows, greedy ones first
+    """What the drafter recipes read of a build() (or build_chat(): chat_recipe_rows) result."""
+    prompt_len: int            # labels before this column are corpus prompt tokens (0 for LabeledRows)
+    rows: np.ndarray           # [N, R] training rows (memory-mapped), or train.data.LabeledRows
+    heldout: np.ndarray        # [M, R] int32 held-out rows, greedy ones first, or train.data.LabeledRows
     n_greedy: int              # how many held-out rows are greedy
 
 
@@ -244,17 +244,30 @@ def recipe_rows(ds: dict) -> RecipeRows:
                       heldout, int(round(ds["meta"]["greedy_fraction"] * len(heldout))))
 
 
+def chat_recipe_rows(ds: dict) -> RecipeRows:
+    """RecipeRows of a build_chat() result: train and held-out rows as train.data.LabeledRows (each row's labels are
+    its answer, through the end-of-turn token), the held-out greedy rows first; prompt_len 0 (spans per row)."""
+    def rows(split, greedy_first):
+        part = ds[split]
+        order = np.argsort(~part["greedy"], kind="stable") if greedy_first else np.arange(len(part["tokens"]))
+        return data.LabeledRows(np.asarray(part["tokens"][order], np.int32), part["prompt_len"][order],
+                                part["length"][order])
+    return RecipeRows(0, rows("train", False), rows("heldout", True), int(ds["heldout"]["greedy"].sum()))
+
+
 def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int, max_tokens: int | None,
                    min_rows: int = 8, batch: int = 32) -> tuple[dict, np.ndarray]:
     """The drafter recipes' held-out evaluation on self-distilled rows (greedy rows first, as build() writes them).
     count(params, rows [b, R]) -> (hits [width], labels [width], chain_hits [width], chains), summed here over
     batches of rows, separately for the greedy and the sampled rows; with max_tokens, evenly spaced rows (greedy
     and sampled alike) covering about that many tokens. -> ({"greedy"|"sampled": [hits, labels, chain_hits,
-    chains]}, the row indices used)."""
-    idx = np.arange(len(heldout))
+    chains]}, the row indices used). heldout: a token array or train.data.LabeledRows (chat rows)."""
+    tokens = heldout.tokens if isinstance(heldout, data.LabeledRows) else heldout
+    take = (lambda ix: heldout.take(ix)) if isinstance(heldout, data.LabeledRows) else (lambda ix: heldout[ix])
+    idx = np.arange(len(tokens))
     if max_tokens is not None:
-        n = min(len(heldout), max(min_rows, max_tokens // heldout.shape[1]))
-        idx = np.unique(np.linspace(0, len(heldout) - 1, n).round().astype(int))
+        n = min(len(tokens), max(min_rows, max_tokens // tokens.shape[1]))
+        idx = np.unique(np.linspace(0, len(tokens) - 1, n).round().astype(int))
     parts = {"greedy": idx[idx < n_greedy], "sampled": idx[idx >= n_greedy]}
     tots = {}
     for name, ix in parts.items():
@@ -262,7 +275,7 @@ def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int
             continue
         tot = [np.zeros(width), np.zeros(width), np.zeros(width), 0]
         for start in range(0, len(ix), batch):
-            out = count(params, heldout[ix[start:start + batch]])
+            out = count(params, take(ix[start:start + batch]))
             tot = [t + np.asarray(x, np.float64) for t, x in zip(tot, out)]
         tots[name] = tot
     return tots, idx

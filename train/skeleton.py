@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 
 from specjax.cache import KVCache
 from specjax.models import load_model
+from specjax.models.model import model_directory
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import save_pretrained
 from specjax.models.llama import forward
@@ -86,10 +87,19 @@ LLAMA_FLAGS = ("hidden", "layers", "heads", "kv_heads", "intermediate")
 class Run:
     """What a recipe's build function gets."""
     flags: Any                            # parsed absl FlagValues (shared + the recipe's own)
-    corpus: data.Corpus                   # tokenizer, train and held-out token streams
+    make_corpus: Callable[[], data.Corpus]
     target: Any                           # the frozen target (specjax.Model, on the mesh), or None
     mesh: Mesh | None
     log: Callable[[str], None]
+    _corpus: data.Corpus | None = None
+
+    @property
+    def corpus(self) -> data.Corpus:
+        """The stdlib corpus (tokenizer, train and held-out token streams), prepared on first use: a recipe that
+        trains on other data (chat rows: Parts.corpus False) never tokenizes it."""
+        if self._corpus is None:
+            self._corpus = self.make_corpus()
+        return self._corpus
 
 
 @dataclasses.dataclass
@@ -103,6 +113,8 @@ class Parts:
     spec_fn: loop.SpecFn = loop.default_specs          # trainable params -> PartitionSpecs under --mesh
     lr_scales: Any = None                              # learning-rate multipliers per subtree (loop.TrainConfig)
     summary: str = ""                                  # logged once at start (size, ...)
+    corpus: bool = True                                # the run's data come from the stdlib corpus (its identity
+                                                       # goes into the MANIFEST); False: the recipe's own data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +170,9 @@ def run(recipe: Recipe) -> None:
     ctx = _setup(recipe, F, mesh, log)
     parts = recipe.build(ctx)
     batches = default_batches(ctx) if parts.batches is None else parts.batches
-    c = ctx.corpus.meta
-    log(f"{parts.summary}; corpus {c['train_tokens']:,} train / {c['heldout_tokens']:,} held-out tokens"
-        + (f"; mesh {F.mesh}" if mesh else ""))
+    corpus = ctx.corpus if parts.corpus else None
+    log(parts.summary + (f"; corpus {corpus.meta['train_tokens']:,} train / {corpus.meta['heldout_tokens']:,} "
+                         "held-out tokens" if corpus else "") + (f"; mesh {F.mesh}" if mesh else ""))
     params = loop.place(parts.params, mesh, parts.spec_fn) if mesh else parts.params
     params, step, info = run_info(F.ckpt_dir, params, {n: F[n].value for n in recipe.all_run_flags()},
                                   F.export_only, F.note)
@@ -186,7 +198,7 @@ def run(recipe: Recipe) -> None:
     training = training_paragraph(record, tcfg)
     if recipe.curve_metrics:
         training += "\n\n" + curve_paragraph(record["training_curve"], recipe.curve_metrics)
-    write_manifest(F.out, os.path.basename(os.path.normpath(F.out)), notes, {**record, **fields}, ctx.corpus,
+    write_manifest(F.out, os.path.basename(os.path.normpath(F.out)), notes, {**record, **fields}, corpus,
                    training)
     log(f"exported to {F.out}")
 
@@ -214,18 +226,20 @@ def parse_mesh(spec: str | None, batch_size: int) -> Mesh | None:
 
 
 def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
-    target = None
-    if recipe.frozen_target:
-        target = load_model(F.target, mesh=mesh)       # each tensor read straight into its shard under a mesh
+    if not recipe.frozen_target:
+        return Run(F, lambda: data.prepare_corpus(F.data_dir, F.vocab_size, F.max_files,
+                                                  tokenizer_path=F.tokenizer or None), None, mesh, log)
+    target = load_model(F.target, mesh=mesh)           # each tensor read straight into its shard under a mesh
+    target_dir = model_directory(F.target)             # a name (or GGUF file) -> the HF directory it loads from
+
+    def make_corpus():
         try:
-            data.check_checkpoint_corpus(F.target, strict=False)
+            data.check_checkpoint_corpus(target_dir, strict=False)
         except (FileNotFoundError, ValueError) as e:
             log(f"cannot check the target's corpus manifest: {e}")
-        corpus = data.prepare_corpus(F.data_dir, target.config.vocab_size, F.max_files,
-                                     tokenizer_path=os.path.join(F.target, "tokenizer.json"))
-    else:
-        corpus = data.prepare_corpus(F.data_dir, F.vocab_size, F.max_files, tokenizer_path=F.tokenizer or None)
-    return Run(F, corpus, target, mesh, log)
+        return data.prepare_corpus(F.data_dir, target.config.vocab_size, F.max_files,
+                                   tokenizer_path=os.path.join(target_dir, "tokenizer.json"))
+    return Run(F, make_corpus, target, mesh, log)
 
 
 def default_batches(run: Run):
@@ -354,29 +368,33 @@ def training_paragraph(record: dict, tcfg: loop.TrainConfig) -> str:
             f"{record['train_wall_s']:.0f} s{mesh}.{budget}")
 
 
-def write_manifest(out_dir: str, title: str, notes: str, record: dict, corpus: data.Corpus,
+def write_manifest(out_dir: str, title: str, notes: str, record: dict, corpus: data.Corpus | None,
                    training: str) -> None:
     """MANIFEST.md: the recipe's prose, the training paragraph and run note, reproduce command, held-out numbers
-    (when the eval reports bits per byte), corpus identity, then the record as one ```json block."""
+    (when the eval reports bits per byte), corpus identity (None: the run's data are the recipe's own, described
+    in its prose and record), then the record as one ```json block."""
     os.makedirs(out_dir, exist_ok=True)
-    record = dict(record, corpus=corpus.manifest, corpus_split={
-        k: corpus.meta[k] for k in ("train_files", "train_tokens", "train_bytes", "heldout_files",
-                                    "heldout_tokens", "heldout_bytes")},
-        exported_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    record = dict(record, exported_at=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    if corpus is not None:
+        record.update(corpus=corpus.manifest, corpus_split={
+            k: corpus.meta[k] for k in ("train_files", "train_tokens", "train_bytes", "heldout_files",
+                                        "heldout_tokens", "heldout_bytes")})
     size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out_dir) for f in files
                if not (root == out_dir and f == "MANIFEST.md"))
     paragraphs = [f"# {title}", notes.strip(), training]
     if record.get("run_note"):
         paragraphs.append(record["run_note"])
     paragraphs.append(f"Reproduce (from the repo root): `{record['command']}`")
-    if "heldout_bpb" in record:
+    if "heldout_bpb" in record and corpus is not None:
         paragraphs.append(
             f"Held-out ({corpus.meta['heldout_files']} stdlib files, split by sha256 of the relative path): loss "
             f"{record['heldout_loss']:.4f} nats/token, **{record['heldout_bpb']:.4f} bits per UTF-8 byte**.")
+    if corpus is not None:
+        paragraphs.append(
+            f"Python {corpus.manifest['python_version']}, corpus manifest sha256 `{corpus.manifest['files_sha256']}` "
+            f"({corpus.manifest['file_count']} files, {corpus.manifest['total_bytes']} bytes). Check it with "
+            f"`train.data.check_checkpoint_corpus(path)` before comparing held-out numbers.")
     paragraphs += [
-        f"Python {corpus.manifest['python_version']}, corpus manifest sha256 `{corpus.manifest['files_sha256']}` "
-        f"({corpus.manifest['file_count']} files, {corpus.manifest['total_bytes']} bytes). Check it with "
-        f"`train.data.check_checkpoint_corpus(path)` before comparing held-out numbers.",
         f"Directory size before this file: {size / 1e6:.2f} MB.",
         f"```json\n{json.dumps(record, indent=1, default=_jsonable)}\n```\n"]
     with open(os.path.join(out_dir, "MANIFEST.md"), "w") as f:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from specjax.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward, kv_heads
+from train.data import LabeledRows
 
 
 class TargetFeatures(NamedTuple):
@@ -49,6 +50,20 @@ def forward_kl(target_logp: jax.Array, draft_logp: jax.Array) -> jax.Array:
     """KL(p_target || p_draft) per token from log-probabilities [..., V] -> [...]: the divergence speculative
     sampling rewards (acceptance = 1 - TV(p, q))."""
     return jnp.sum(jnp.exp(target_logp) * (target_logp - draft_logp), axis=-1)
+
+
+def labeled(batch, first_label: int) -> LabeledRows:
+    """A batch as LabeledRows: LabeledRows as they are; plain token rows [B, R] with the recipe's fixed first_label
+    and label_end R + 1."""
+    if isinstance(batch, LabeledRows):
+        return batch
+    B, R = batch.shape
+    return LabeledRows(batch, jnp.full((B,), first_label, jnp.int32), jnp.full((B,), R + 1, jnp.int32))
+
+
+def label_mask(rows: LabeledRows, label_index: jax.Array) -> jax.Array:
+    """[B, n] bool: whether the token at row index label_index ([n] or [B, n]; past the row allowed) is a label."""
+    return (label_index >= rows.first_label[:, None]) & (label_index < rows.label_end[:, None])
 
 
 def masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from specjax.drafters.base import target_weight
 from specjax.drafters.eagle import draft_to_target, forward_sequence, t2d_from_d2t, ttt_forward
 from specjax.models.config import ModelConfig
-from train.losses.common import TargetFeatures, frozen_target_features, masked_mean, soft_ce
+from train.losses.common import (LabeledRows, TargetFeatures, frozen_target_features, label_mask, labeled,
+                                 masked_mean, soft_ce)
 
 # Rows [B, R] (R = prompt + target-generated tokens). The frozen target runs over the whole row: features f_0..f_{R-1}
 # (EAGLE-1: the final normed hidden state; EAGLE-3: the outputs of config.target_layers) and logits z_0..z_{R-1}
@@ -20,8 +21,8 @@ from train.losses.common import TargetFeatures, frozen_target_features, masked_m
 # (specjax.drafters.eagle.forward_sequence's alignment). Step i of an unrolled drafter (ttt_forward) at index t
 # regresses f_{t+i+1} and predicts token x_{t+i+2}, whose target distribution is softmax(z_{t+i+1}); so step i's
 # outputs [:, :T - i] line up with the target's arrays [:, i + 1:] (no padding needed). A label counts when the token
-# it predicts is target-generated (t + i + 2 >= first_label; the last index predicts the token after the row, which
-# the target's distribution there still describes).
+# it predicts is target-generated (t + i + 2 inside the row's label span, train.data.LabeledRows; for rows
+# of one layout the last index predicts the token after the row, which the target's distribution there describes).
 
 
 def _smooth_l1(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -63,18 +64,18 @@ def _unroll(params: dict, config, rows: jax.Array, feats, num_steps: int, target
     return ttt_forward(params, config, tokens, feats, num_steps, target_weights)
 
 
-def _steps(params: dict, config, tf: TargetFeatures, rows: jax.Array, feats, num_steps: int,
-                 target_weights: dict, first_label: int, draft_ids, in_vocab):
+def _steps(params: dict, config, tf: TargetFeatures, rows: LabeledRows, feats, num_steps: int,
+                 target_weights: dict, draft_ids, in_vocab):
     """Per-step aligned pieces: yields (i, drafter hidden [B, Ti, H], drafter logits [B, Ti, V|N], target feature
     [B, Ti, H], target logits [B, Ti, V], label mask [B, Ti] (target-generated token; EAGLE-3: and the target's
     top token inside the draft vocabulary), drafter top token as a target id [B, Ti], target top token [B, Ti])."""
-    hidden, logits = _unroll(params, config, rows, feats, num_steps, target_weights)
-    T = rows.shape[1] - 1
+    hidden, logits = _unroll(params, config, rows.tokens, feats, num_steps, target_weights)
+    T = rows.tokens.shape[1] - 1
     for i in range(num_steps):
         Ti = T - i
         z = tf.logits[:, i + 1:]
         top = jnp.argmax(z, -1)
-        valid = jnp.broadcast_to(jnp.arange(Ti) + i + 2 >= first_label, top.shape)
+        valid = label_mask(rows, jnp.arange(Ti) + i + 2)
         lg = logits[i, :, :Ti]
         pred = jnp.argmax(lg, -1)
         if draft_ids is not None:
@@ -87,7 +88,8 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
                   step_decay: float = 0.8, reg_weight: float = 1.0, ce_weight: float = 0.1, noise: float = 0.1,
                   d2t=None) -> Callable:
     """EAGLE drafter loss, loss_fn(params, batch, rng, target_params) -> (loss, metrics); batch = rows [B, R] of
-    target-generated text (labels before index first_label, the corpus prompt, are not trained on).
+    target-generated text (labels before index first_label, the corpus prompt, are not trained on); a batch of
+    LabeledRows (chat rows) carries its own label spans instead.
 
     EAGLE-1 (config.kind "eagle"; the reference's weights v_w = 1.0, p_w = 0.1): per step
         reg_weight * SmoothL1(h_t, f_{t+1}) (mean over the feature dim) + ce_weight * CE(softmax(z_{t+1}), drafter
@@ -111,8 +113,9 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
     layers = config.target_layers if is3 else ()
 
     def loss_fn(params, batch, rng, target_params):
+        rows = labeled(batch, first_label)
         tw = _target_weights(config, target_params)
-        tf = frozen_target_features(target_params, target_cfg, batch, layers)
+        tf = frozen_target_features(target_params, target_cfg, rows.tokens, layers)
         feats = _features(tf, config)
         if noise:
             if is3:
@@ -121,12 +124,12 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
             else:
                 feats = feats + jax.random.uniform(rng, feats.shape, feats.dtype, -noise, noise)
         total, metrics = 0.0, {}
-        for i, h, lg, f_next, z, valid, pred, top in _steps(params, config, tf, batch, feats, num_steps, tw,
-                                                           first_label, draft_ids, in_vocab):
+        for i, h, lg, f_next, z, valid, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw,
+                                                           draft_ids, in_vocab):
             if is3:
                 ce = masked_mean(soft_ce(lg, jax.nn.softmax(z[..., draft_ids])), valid)
                 step_loss = ce
-                gen = jnp.broadcast_to(jnp.arange(valid.shape[1]) + i + 2 >= first_label, valid.shape)
+                gen = label_mask(rows, jnp.arange(valid.shape[1]) + i + 2)
                 metrics[f"in_vocab{i}"] = masked_mean(in_vocab[top], gen)
             else:
                 ce = masked_mean(soft_ce(lg, jax.nn.softmax(z)), valid)
@@ -140,7 +143,7 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
     return loss_fn
 
 
-def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config, rows: jax.Array,
+def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config, rows,
                    first_label: int, num_steps: int = 4, d2t=None) -> tuple[jax.Array, jax.Array, jax.Array,
                                                                             jax.Array]:
     """Held-out acceptance proxy counts of a drafter unrolled num_steps steps on its own outputs (step 0
@@ -154,17 +157,18 @@ def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, c
     chain; sum_i chain_hits[i] / chains = expected accepted drafts per step)."""
     is3 = config.kind == "eagle3"
     draft_ids, in_vocab = _draft_vocabulary(config, d2t)
+    rows = labeled(rows, first_label)
     tw = _target_weights(config, target_params)
-    tf = frozen_target_features(target_params, target_cfg, rows, config.target_layers if is3 else ())
+    tf = frozen_target_features(target_params, target_cfg, rows.tokens, config.target_layers if is3 else ())
     feats = _features(tf, config)
-    B, T = rows.shape[0], rows.shape[1] - 1
+    B, T = rows.tokens.shape[0], rows.tokens.shape[1] - 1
     Tc = T - num_steps + 1                             # chain starts whose every step stays inside the row
-    chain_valid = jnp.broadcast_to(jnp.arange(Tc) + 2 >= first_label, (B, Tc))
+    # a chain counts when all its n labels do: its first (t + 2) and its last (t + n + 1) inside the span
+    chain_valid = label_mask(rows, jnp.arange(Tc) + 2) & label_mask(rows, jnp.arange(Tc) + num_steps + 1)
     hits, counts, chain_hits, all_ok = [], [], [], jnp.ones((B, Tc), bool)
-    for i, _, _, _, _, _, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw, first_label,
-                                             draft_ids, in_vocab):
+    for i, _, _, _, _, _, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw, draft_ids, in_vocab):
         ok = pred == top                              # EAGLE-3: a target top token outside the vocab is a miss
-        valid = jnp.broadcast_to(jnp.arange(T - i) + i + 2 >= first_label, ok.shape)
+        valid = label_mask(rows, jnp.arange(T - i) + i + 2)
         hits.append(jnp.sum(ok & valid))
         counts.append(jnp.sum(valid))
         all_ok = all_ok & ok[:, :Tc]
