@@ -75,11 +75,11 @@ def cached(kind: str, target: Model, build: Callable[[Model], object]):
     return _heads[(kind, id(target))][1]
 
 
-def identity_medusa(target: Model) -> medusa.MedusaHeads:
+def identity_medusa(target: Model, layout: str = "shared") -> medusa.MedusaHeads:
     """Medusa heads as initialised for training (ResBlocks at zero, the target's LM head as the projection):
     every head proposes the target's own next-token guess, right whenever the text repeats."""
-    return medusa.MedusaHeads(4, 1, "shared", medusa.init_heads(None, 4, 1, target_weight(target.params, "lm_head"),
-                                                                 "shared"), "identity")
+    return medusa.MedusaHeads(4, 1, layout, medusa.init_heads(None, 4, 1, target_weight(target.params, "lm_head"),
+                                                               layout), "identity")
 
 
 def near_pard(target: Model) -> pard.PardModel:
@@ -105,6 +105,9 @@ FACTORIES = {
     "medusa": lambda c: (dict(method="medusa", num_speculative_tokens=c.k), cached("medusa", c.target, identity_medusa)),
     "medusa-static_tree": lambda c: (dict(method="medusa", tree_choices=binary_tree(c.k)),
                                      cached("medusa", c.target, identity_medusa)),
+    "medusa-target_head": lambda c: (dict(method="medusa", num_speculative_tokens=c.k),
+                                     cached("medusa-target_head", c.target,
+                                            lambda t: identity_medusa(t, "target_head"))),
     "eagle": lambda c: (dict(method="eagle", num_speculative_tokens=c.k),
                         cached("eagle", c.target, lambda t: informative_eagle(t, "eagle"))),
     "eagle2-dynamic_tree": lambda c: (dict(method="eagle", num_steps=min(c.k, 3), topk=2, num_draft_tokens=c.k + 1),

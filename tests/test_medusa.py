@@ -20,13 +20,15 @@ from tiny import ragged_prompts, tiny_model
 def random_heads(target, num_heads=3, num_layers=2, layout="per_head", seed=0, scale=0.3):
     p = medusa.init_heads(None, num_heads, num_layers, target_weight(target.params, "lm_head"), layout)
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-    p = dict(p, w=scale * jax.random.normal(k1, p["w"].shape), b=scale * jax.random.normal(k2, p["b"].shape),
-             proj=p["proj"] + 0.1 * jax.random.normal(k3, p["proj"].shape))
+    p = dict(p, w=scale * jax.random.normal(k1, p["w"].shape), b=scale * jax.random.normal(k2, p["b"].shape))
+    if layout != "target_head":                       # target_head heads project through the target's LM head
+        p["proj"] = p["proj"] + 0.1 * jax.random.normal(k3, p["proj"].shape)
     return medusa.MedusaHeads(num_heads, num_layers, layout, p, "random")
 
 
-def reference_logits(heads: medusa.MedusaHeads, hidden: np.ndarray) -> np.ndarray:
-    """The Medusa repository's head, written out in numpy: x + SiLU(x W^T + b) per ResBlock, then the LM head."""
+def reference_logits(heads: medusa.MedusaHeads, hidden: np.ndarray, lm_head=None) -> np.ndarray:
+    """The Medusa repository's head, written out in numpy: x + SiLU(x W^T + b) per ResBlock, then the LM head
+    (lm_head: the target's, for target_head heads)."""
     p = jax.tree_util.tree_map(np.asarray, heads.params)
     out = []
     for i in range(heads.num_heads):
@@ -34,7 +36,8 @@ def reference_logits(heads: medusa.MedusaHeads, hidden: np.ndarray) -> np.ndarra
         for r in range(heads.num_layers):
             z = x @ p["w"][i, r] + p["b"][i, r]
             x = x + z / (1 + np.exp(-z))
-        proj = p["proj"][i] if heads.layout == "per_head" else p["proj"]
+        proj = (p["proj"][i] if heads.layout == "per_head" else
+                np.asarray(lm_head) if heads.layout == "target_head" else p["proj"])
         out.append(x @ proj)
     return np.stack(out, axis=-2)
 
@@ -60,17 +63,26 @@ def test_published_layouts_give_our_logits(tmp_path, target, layout):
         specjax.generate(target, prompts, cfg, drafter=heads).tokens
 
 
-@pytest.mark.parametrize("layout", ["per_head", "shared"])
+@pytest.mark.parametrize("layout", ["per_head", "shared", "target_head"])
 def test_artifact_round_trip(tmp_path, target, layout):
     heads = random_heads(target, layout=layout)
     medusa.save_heads(str(tmp_path / "h"), heads, target, "# test heads\n", dtype="float32")
     loaded = medusa.load_heads(str(tmp_path / "h"), target)
-    assert loaded.layout == layout
+    assert loaded.layout == layout and sorted(loaded.params) == sorted(heads.params)
+    assert ("proj" in loaded.params) == (layout != "target_head")      # target_head ships no projection
     for k in heads.params:
         np.testing.assert_array_equal(np.asarray(loaded.params[k]), np.asarray(heads.params[k]))
     hidden = jnp.ones((2, target.config.hidden_size))
-    np.testing.assert_allclose(medusa.head_logits(loaded.params, hidden), reference_logits(heads, np.ones((2, 32))),
-                               rtol=1e-4, atol=1e-4)
+    lm_head = target_weight(target.params, "lm_head")
+    np.testing.assert_allclose(medusa.head_logits(loaded.params, hidden, lm_head),
+                               reference_logits(heads, np.ones((2, 32)), lm_head), rtol=1e-4, atol=1e-4)
+    if layout == "target_head":
+        with pytest.raises(ValueError, match="through the target's LM head: pass lm_head"):
+            medusa.head_logits(loaded.params, hidden)
+        prompts = [[1, 2, 3, 4, 1, 2]]
+        cfg = SpecConfig(method="medusa", num_speculative_tokens=3, max_new_tokens=12)
+        assert specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "h")).tokens == \
+            specjax.generate(target, prompts, SpecConfig(max_new_tokens=12)).tokens
 
 
 def test_bad_input(tmp_path, target):
@@ -158,6 +170,7 @@ def test_head_labels_are_what_verification_accepts(target):
     it drafts: on the target's greedy rows that is the row's token (so the hard-label count agrees exactly), and on
     rows some other process wrote it is not (a Medusa-2 target that moved from the original)."""
     from train.losses.common import frozen_target_features
+    from train.losses.common import labeled
     from train.losses.medusa import medusa_accuracy, medusa_terms
     heads = random_heads(target, num_heads=3, num_layers=1, layout="shared", seed=3, scale=0.5)
     prompts = [[5, 9, 2, 7], [11, 3, 8, 1]]
@@ -166,8 +179,8 @@ def test_head_labels_are_what_verification_accepts(target):
     first_label = len(prompts[0])
     inputs = greedy_rows[:, :-1]
     frozen = frozen_target_features(target.params, target.config, inputs)
-    _, _, acc_soft = medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8, frozen.logits)
-    _, _, acc_hard = medusa_terms(heads.params, frozen.hidden, greedy_rows, first_label, 0.8)
+    _, _, acc_soft = medusa_terms(heads.params, frozen.hidden, labeled(greedy_rows, first_label), 0.8, frozen.logits)
+    _, _, acc_hard = medusa_terms(heads.params, frozen.hidden, labeled(greedy_rows, first_label), 0.8)
     np.testing.assert_allclose(np.asarray(acc_soft), np.asarray(acc_hard), atol=1e-6)
     hits, counts = medusa_accuracy(heads.params, target.params, target.config, greedy_rows, first_label, 3)
     np.testing.assert_allclose(np.asarray(hits[:, 0] / counts), np.asarray(acc_hard), atol=1e-6)
@@ -185,5 +198,5 @@ def test_head_labels_are_what_verification_accepts(target):
         assert want != off_by_one          # these rows tell a shifted label apart, so the checks below can fail
         hits, counts = medusa_accuracy(heads.params, target.params, target.config, rows, first_label, 1)
         assert abs(float(hits[i, 0] / counts[i]) - want) < 1e-6
-        _, _, acc = medusa_terms(heads.params, frozen.hidden, rows, first_label, 0.8, frozen.logits)
+        _, _, acc = medusa_terms(heads.params, frozen.hidden, labeled(rows, first_label), 0.8, frozen.logits)
         assert abs(float(acc[i]) - want) < 1e-6

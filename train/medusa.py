@@ -42,14 +42,17 @@ flags.DEFINE_bool("soft_labels", True, "heads learn the target's own distributio
                   "the trained target's); false: hard labels, the rows' tokens")
 flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
+flags.DEFINE_enum("data", "corpus", ["corpus", "chat"], "self-distillation rows: corpus = stdlib windows continued by "
+                  "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
+                  "target (build_chat; each row's labels are its answer). Medusa-1 only")
 
 NOTES = """\
 Medusa heads for {target} ({variant}): {K} heads x {R} ResBlock(s), layout {layout} ({n_params:,} parameters),
 trained on {rows} continuations the target generated itself (train.self_distill; half greedy, half temperature 1;
-prompts from the stdlib training split), trained at target-generated positions only. Head i predicts the token i + 1
+{prompts}), trained at target-generated positions only. Head i predicts the token i + 1
 after the bonus token; loss sum_i {decay}^i CE_i, {labels}.{medusa2} Stored as bfloat16.
 
-Held-out accuracy (continuations from held-out stdlib prompts), per head top-1 / top-5 agreement with the target's
+Held-out accuracy ({heldout_prompts}), per head top-1 / top-5 agreement with the target's
 own argmax for that token (what greedy verification accepts): {acc}.
 """
 
@@ -58,11 +61,30 @@ def heads_of(params):
     return params["heads"] if "heads" in params else params
 
 
+def batches_of(rows) -> np.ndarray:
+    """The token array of rows (a plain [N, R] array or train.data.LabeledRows)."""
+    return rows.tokens if isinstance(rows, data.LabeledRows) else rows
+
+
+def take(rows, idx):
+    return rows.take(idx) if isinstance(rows, data.LabeledRows) else np.asarray(rows[idx], np.int32)
+
+
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     cfg = target.config
-    ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-    prompt_len = ds["meta"]["prompt_len"]
+    if F.data == "chat":
+        if F.medusa2:
+            raise ValueError("--data=chat trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
+                             "stdlib corpus (--data=corpus)")
+        ds = self_distill.build_chat(F.target, num_train=F.num_train, log=run.log)
+        prompt_len, train_rows, heldout, n_greedy = self_distill.chat_recipe_rows(ds)
+        batches = data.RowBatches(train_rows.tokens, F.batch_size, F.seed, train_rows.first_label,
+                                  train_rows.label_end)
+    else:
+        ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
+        prompt_len, train_rows, heldout, n_greedy = self_distill.recipe_rows(ds)
+        batches = data.RowBatches(train_rows, F.batch_size, F.seed)
     if F.init_heads:
         loaded = medusa.load_heads(F.init_heads, target)
         heads = loaded.params
@@ -78,23 +100,23 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         heads_of(p), p["target"] if F.medusa2 else frozen, cfg, rows, prompt_len, topk=5))
     lm_eval = skeleton.make_evaluator(cfg, run.corpus, 256) if F.medusa2 else None
 
-    def head_accuracy(params, rows: np.ndarray) -> np.ndarray:
+    def head_accuracy(params, rows) -> np.ndarray:
         hits, total = 0, 0
-        for start in range(0, len(rows), 32):
-            h, n = accuracy(params, target.params, jnp.asarray(rows[start:start + 32]))
+        for start in range(0, len(batches_of(rows)), 32):
+            part = take(rows, np.arange(start, min(start + 32, len(batches_of(rows)))))
+            h, n = accuracy(params, target.params, jax.tree.map(jnp.asarray, part))
             hits, total = hits + np.asarray(h), total + np.asarray(n)
         return hits / np.maximum(total, 1)[:, None]                 # [K, topk] cumulative top-k accuracy
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         """Held-out per-head top-1 / top-5 accuracy, separately on the greedy continuations (what temperature-0
         decoding verifies) and on the temperature-1 ones (self_distill puts the greedy rows first)."""
-        rows = np.asarray(ds["heldout"], np.int32)
-        n_greedy = int(round(ds["meta"]["greedy_fraction"] * len(rows)))
-        per_split = len(rows) if max_tokens is None else max(8, max_tokens // rows.shape[1] // 2)
+        tokens = batches_of(heldout)
+        per_split = len(tokens) if max_tokens is None else max(8, max_tokens // tokens.shape[1] // 2)
         out = {}
-        for suffix, part in (("", rows[:n_greedy]), ("_t1", rows[n_greedy:])):
-            if len(part):
-                acc = head_accuracy(params, part[:per_split])
+        for suffix, ix in (("", np.arange(n_greedy)), ("_t1", np.arange(n_greedy, len(tokens)))):
+            if len(ix):
+                acc = head_accuracy(params, take(heldout, ix[:per_split]))
                 if max_tokens is None:          # the full curve, for trees built from measured accuracies
                     out[f"topk_accuracy{suffix}"] = acc.round(4).tolist()
                 out.update({f"head{i}_top1{suffix}": float(acc[i, 0]) for i in range(F.num_heads)})
@@ -124,7 +146,12 @@ def build(run: skeleton.Run) -> skeleton.Parts:
               f"({record['original_target_heldout_loss']:.4f}) on the same {record['target_heldout_tokens']:,} "
               f"held-out corpus tokens.")
         notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
-                             R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(ds["train"]),
+                             R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(batches.rows),
+                             prompts=("prompts: ShareGPT training-split first turns in the target's chat template, "
+                                      "answered to the end of turn" if F.data == "chat" else
+                                      "prompts from the stdlib training split"),
+                             heldout_prompts=("answers to held-out ShareGPT first turns" if F.data == "chat" else
+                                              "continuations from held-out stdlib prompts"),
                              decay=F.head_decay, medusa2=m2, acc=acc,
                              labels="soft, against the target's own distribution for the token (the trained "
                                     "target's for Medusa-2)" if F.soft_labels else "hard, on the rows' tokens")
@@ -135,22 +162,21 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                       layout=F.layout, head_params=n_params, medusa2=F.medusa2)
         return fields, notes
 
-    rows = np.load(os.path.join(ds["dir"], "train.npy"), mmap_mode="r")
     return skeleton.Parts(
-        params, loss_fn, evaluate, export, batches=data.RowBatches(rows, F.batch_size, F.seed),
+        params, loss_fn, evaluate, export, batches=batches, corpus=F.data == "corpus",
         spec_fn=lambda tree, mesh: loop.default_specs(tree, mesh) if not F.medusa2 else
         {"heads": loop.default_specs(tree["heads"], mesh),
          "target": loop.default_specs(tree["target"], mesh)},
         lr_scales={"heads": 1.0, "target": F.target_lr_scale} if F.medusa2 else None,
         summary=f"{'Medusa-2' if F.medusa2 else 'Medusa-1'}: {F.num_heads} heads x {F.num_layers} layers, "
-                f"{F.layout}; self-distillation rows {rows.shape}")
+                f"{F.layout}; self-distillation rows {batches.rows.shape}")
 
 
 RECIPE = skeleton.Recipe(
     "medusa", build, frozen_target="checkpoints/stdlib-target",
     curve_metrics=("head0_top1", "head1_top1", "head2_top1", "head3_top1", "head0_top1_t1"),
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
-               "target_lr_scale", "soft_labels", "init_heads", "num_train"),
+               "target_lr_scale", "soft_labels", "init_heads", "num_train", "data"),
     defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=20, weight_decay=0.0, eval_every=100,
                   eval_tokens=32768, ckpt_dir="runs/medusa_ckpt", out="checkpoints/stdlib-target-medusa"))
 

@@ -9,6 +9,8 @@ Projections ("layout" in the artifact's config):
   per_head  each head has its own [H, V] LM head (the paper's; K separate vocabulary matmuls per step)
   shared    the heads output hidden states that go through ONE [H, V] projection (one K-row matmul that reads
             the weights once; a K-th of the storage)
+  target_head  as shared, through the target's own LM head (frozen; read through the target-weights contract, so
+            the artifact holds only the ResBlocks: what a target with a large vocabulary ships)
 
 Proposals: a chain (head i's argmax; at temperature > 0 a sample from head i's distribution after the shared
 sampling transform, q = that distribution, which speculative sampling verifies exactly), or a static tree from
@@ -43,17 +45,18 @@ from specjax.sampling import SamplingParams, probabilities, sample
 from specjax.trees import TreeSpec, choices_from_accuracies
 
 KIND = "medusa"
-LAYOUTS = ("per_head", "shared")
+LAYOUTS = ("per_head", "shared", "target_head")
 
 
 class MedusaHeads(NamedTuple):
     """Loaded heads: num_heads K, ResBlocks per head, layout, and params
-    {"w": [K, R, H, H], "b": [K, R, H], "proj": [K, H, V] (per_head) or [H, V] (shared)}."""
+    {"w": [K, R, H, H], "b": [K, R, H], "proj": [K, H, V] (per_head) or [H, V] (shared); none (target_head)}."""
     num_heads: int
     num_layers: int
     layout: str
     params: dict
     name: str = ""
+    vocab: int | None = None           # target_head: the target's vocabulary size (no projection of its own)
 
     @property
     def hidden_size(self) -> int:
@@ -61,17 +64,26 @@ class MedusaHeads(NamedTuple):
 
     @property
     def vocab_size(self) -> int:
-        return int(self.params["proj"].shape[-1])
+        """None for heads made in code through the target's LM head (target_head, vocab not given)."""
+        if "proj" in self.params:
+            return int(self.params["proj"].shape[-1])
+        return None if self.vocab is None else int(self.vocab)
 
 
 def init_heads(key: jax.Array, num_heads: int, num_layers: int, lm_head: jax.Array, layout: str) -> dict:
     """Medusa-1 initialisation: ResBlocks start at zero (each head starts as the identity), projections start
-    as copies of the target's LM head [H, V], so a fresh head predicts what the target predicts."""
+    as copies of the target's LM head [H, V] (target_head: it is the target's), so a fresh head predicts what the
+    target predicts."""
     del key                                                   # zero/copy init is deterministic
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown Medusa layout {layout!r}; expected one of {LAYOUTS}")
     H = lm_head.shape[0]
-    proj = jnp.broadcast_to(lm_head, (num_heads,) + lm_head.shape) if layout == "per_head" else lm_head
-    return {"w": jnp.zeros((num_heads, num_layers, H, H), lm_head.dtype),
-            "b": jnp.zeros((num_heads, num_layers, H), lm_head.dtype), "proj": jnp.array(proj)}
+    params = {"w": jnp.zeros((num_heads, num_layers, H, H), lm_head.dtype),
+              "b": jnp.zeros((num_heads, num_layers, H), lm_head.dtype)}
+    if layout != "target_head":
+        params["proj"] = jnp.array(jnp.broadcast_to(lm_head, (num_heads,) + lm_head.shape) if layout == "per_head"
+                                   else lm_head)
+    return params
 
 
 def head_hidden(params: dict, hidden: jax.Array) -> jax.Array:
@@ -82,9 +94,14 @@ def head_hidden(params: dict, hidden: jax.Array) -> jax.Array:
     return x
 
 
-def head_logits(params: dict, hidden: jax.Array) -> jax.Array:
-    """hidden [..., H] -> logits [..., K, V] float32."""
+def head_logits(params: dict, hidden: jax.Array, lm_head: jax.Array | None = None) -> jax.Array:
+    """hidden [..., H] -> logits [..., K, V] float32. lm_head [H, V]: the target's, for heads without a projection
+    of their own (layout target_head)."""
     x = head_hidden(params, hidden)
+    if "proj" not in params:
+        if lm_head is None:
+            raise ValueError("these Medusa heads project through the target's LM head: pass lm_head")
+        return (x @ lm_head).astype(jnp.float32)
     if params["proj"].ndim == 3:                              # per-head LM heads: K separate projections
         return jnp.einsum("...kh,khv->...kv", x, params["proj"]).astype(jnp.float32)
     return (x @ params["proj"]).astype(jnp.float32)           # one shared projection, K rows at once
@@ -95,8 +112,12 @@ class MedusaDrafter:
     k: int
     num_heads: int
     tree: TreeSpec | None = None
+    uses_target_head: bool = False    # layout target_head: the heads project through the target's LM head
     target_layers = ()                # reads only the target's final hidden state, which every forward returns
-    target_weights = ()
+
+    @property
+    def target_weights(self) -> tuple[str, ...]:
+        return ("lm_head",) if self.uses_target_head else ()
 
     # state: the target's final hidden state [B, H] at the position that produced the last committed token
 
@@ -105,7 +126,8 @@ class MedusaDrafter:
         return jnp.take_along_axis(target_out.hidden, at, axis=1)[:, 0]
 
     def propose(self, params, hidden, ctx: Context, keys, sp: SamplingParams):
-        logits = head_logits(params, hidden)                                    # [B, K, V]
+        lm_head = ctx.target_weights["lm_head"] if self.uses_target_head else None
+        logits = head_logits(params, hidden, lm_head)                           # [B, K, V]
         if self.tree is not None:
             depth = self.tree.max_depth
             cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
@@ -194,12 +216,16 @@ def load_heads(path_or_name: str | os.PathLike, target) -> MedusaHeads:
         return load_published(path, target)
     cfg, tensors = artifacts.load_artifact(path, target, KIND)
     K, R, layout = int(cfg["num_heads"]), int(cfg["num_layers"]), cfg["layout"]
+    if layout not in LAYOUTS:
+        raise ValueError(f"{path}: unknown Medusa layout {layout!r}; expected one of {LAYOUTS}")
     H, V = target.config.hidden_size, target.config.vocab_size
-    proj_shape = (K, H, V) if layout == "per_head" else (H, V)
-    for key, shape in (("w", (K, R, H, H)), ("b", (K, R, H)), ("proj", proj_shape)):
+    need = {"w": (K, R, H, H), "b": (K, R, H)}
+    if layout != "target_head":
+        need["proj"] = (K, H, V) if layout == "per_head" else (H, V)
+    for key, shape in need.items():
         _need(tensors, key, shape, path)
-    return MedusaHeads(K, R, layout, {k: jnp.asarray(tensors[k]) for k in ("w", "b", "proj")},
-                       os.path.basename(os.path.normpath(path)))
+    return MedusaHeads(K, R, layout, {k: jnp.asarray(tensors[k]) for k in need},
+                       os.path.basename(os.path.normpath(path)), V)
 
 
 def rank_accuracy(topk_accuracy) -> list[list[float]]:
@@ -231,7 +257,8 @@ def _build(req: BuildRequest):
     if heads is None:
         raise TypeError(f"method='medusa' needs drafter=<{_ACCEPTS}>, got None")
     cfg = req.config
-    if (heads.hidden_size, heads.vocab_size) != (req.target.config.hidden_size, req.target.config.vocab_size):
+    vocab = req.target.config.vocab_size if heads.vocab_size is None else heads.vocab_size
+    if (heads.hidden_size, vocab) != (req.target.config.hidden_size, req.target.config.vocab_size):
         raise ValueError(f"Medusa heads {heads.name!r} are for hidden {heads.hidden_size} / vocab "
                          f"{heads.vocab_size}, the target has {req.target.config.hidden_size} / "
                          f"{req.target.config.vocab_size}")
@@ -242,14 +269,15 @@ def _build(req: BuildRequest):
     if depth > heads.num_heads:
         raise ValueError(f"{'the tree is ' + str(depth) + ' deep' if cfg.tree is not None else f'k={depth}'} "
                          f"but the Medusa heads {heads.name!r} have only {heads.num_heads} heads (one per depth)")
-    if cfg.tree is not None and cfg.tree.topk > heads.vocab_size:
-        raise ValueError(f"the tree asks for top-{cfg.tree.topk} candidates but the vocabulary has "
-                         f"{heads.vocab_size} tokens")
-    return MedusaDrafter(cfg.k, heads.num_heads, cfg.tree), heads.params
+    if cfg.tree is not None and cfg.tree.topk > vocab:
+        raise ValueError(f"the tree asks for top-{cfg.tree.topk} candidates but the vocabulary has {vocab} tokens")
+    return MedusaDrafter(cfg.k, heads.num_heads, cfg.tree, heads.layout == "target_head"), heads.params
 
 
 def _param_specs(drafter: MedusaDrafter, params, mesh):
-    specs = {"w": P(), "b": P(), "proj": P(None, None, "model") if params["proj"].ndim == 3 else P(None, "model")}
+    specs = {"w": P(), "b": P()}
+    if "proj" in params:
+        specs["proj"] = P(None, None, "model") if params["proj"].ndim == 3 else P(None, "model")
     return {k: fit_spec(specs[k], params[k].shape, mesh) for k in params}
 
 

@@ -10,7 +10,9 @@ import optax
 
 from specjax.drafters.medusa import head_logits
 from specjax.models.config import ModelConfig
-from train.losses.common import causal_forward, forward_kl, frozen_target_features, masked_mean, soft_ce
+from specjax.drafters.base import target_weight
+from train.losses.common import (causal_forward, forward_kl, frozen_target_features, label_mask, labeled,
+                                 masked_mean, soft_ce)
 
 
 def _head_teacher(teacher_logits: jax.Array, ahead: int) -> jax.Array:
@@ -20,22 +22,24 @@ def _head_teacher(teacher_logits: jax.Array, ahead: int) -> jax.Array:
     return jnp.take(teacher_logits, jnp.minimum(jnp.arange(T) + ahead, T - 1), axis=1)
 
 
-def medusa_terms(heads: dict, hidden: jax.Array, batch: jax.Array, first_label: int, decay: float,
-                 teacher_logits: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-head masked loss of Medusa heads on hidden [B, T, H] (T = L, inputs batch[:, :-1]): head i at position t
-    predicts batch[:, t + i + 2]; labels before index first_label (prompt tokens) and past the window are masked.
+def medusa_terms(heads: dict, hidden: jax.Array, rows, decay: float, teacher_logits: jax.Array | None = None,
+                 lm_head: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-head masked loss of Medusa heads on hidden [B, T, H] (T = L, inputs rows.tokens[:, :-1]; rows
+    train.data.LabeledRows): head i at position t predicts token t + i + 2; labels outside each row's label span
+    (prompt tokens, padding) and past the window are masked. lm_head: the target's, for target_head heads.
     With teacher_logits [B, T, V] (the target's own logits over the inputs, under stop_gradient) the loss is soft
     cross-entropy against the target's distribution for that token and accuracy is agreement with the target's
     argmax: what verification accepts, which for a jointly trained (Medusa-2) target is no longer the token the
     original target wrote. Without them: hard CE on batch's tokens.
     -> (weighted sum of head losses, per-head losses [K], per-head top-1 accuracy [K])."""
     B, T, _ = hidden.shape
-    logits = head_logits(heads, hidden)                                   # [B, T, K, V]
+    batch = rows.tokens
+    logits = head_logits(heads, hidden, lm_head)                          # [B, T, K, V]
     K = logits.shape[2]
     total, per_head, acc = 0.0, [], []
     for i in range(K):
         label_at = jnp.arange(T) + i + 2                                   # index into batch [L + 1]
-        valid = (label_at <= T) & (label_at >= first_label)                # [T]
+        valid = (label_at <= T)[None, :] & label_mask(rows, label_at)      # [B, T]
         if teacher_logits is None:
             labels = jnp.take(batch, jnp.minimum(label_at, T), axis=1)     # [B, T]
             loss = optax.softmax_cross_entropy_with_integer_labels(logits[:, :, i], labels)
@@ -61,17 +65,20 @@ def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool
     target's own distribution for each token (see medusa_terms) instead of the row's tokens."""
     def loss_fn(params, batch, rng, target_params):
         del rng
-        inputs = batch[:, :-1]
+        rows = labeled(batch, first_label)
+        inputs = rows.tokens[:, :-1]
         if not joint:
             frozen = frozen_target_features(target_params, cfg, inputs)
-            loss, per_head, acc = medusa_terms(params, frozen.hidden, batch, first_label, decay,
-                                               frozen.logits if soft_labels else None)
+            loss, per_head, acc = medusa_terms(params, frozen.hidden, rows, decay,
+                                               frozen.logits if soft_labels else None,
+                                               target_weight(target_params, "lm_head"))
             return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
                           **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
         original = frozen_target_features(target_params, cfg, inputs).logits
         out = causal_forward(params["target"], cfg, inputs)
-        heads_loss, per_head, acc = medusa_terms(params["heads"], out.hidden, batch, first_label, decay,
-                                                 jax.lax.stop_gradient(out.logits) if soft_labels else None)
+        heads_loss, per_head, acc = medusa_terms(params["heads"], out.hidden, rows, decay,
+                                                 jax.lax.stop_gradient(out.logits) if soft_labels else None,
+                                                 target_weight(params["target"], "lm_head"))
         kl = forward_kl(jax.nn.log_softmax(original), jax.nn.log_softmax(out.logits)).mean()
         return kl_weight * kl + heads_weight * heads_loss, {
             "kl": kl, **{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
@@ -79,20 +86,21 @@ def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool
     return loss_fn
 
 
-def medusa_accuracy(heads: dict, target_params: dict, cfg: ModelConfig, rows: jax.Array, first_label: int,
+def medusa_accuracy(heads: dict, target_params: dict, cfg: ModelConfig, rows, first_label: int,
                     topk: int = 5) -> tuple[jax.Array, jax.Array]:
     """Held-out accuracy counts against what greedy verification accepts, the target's own argmax for each token
     (teacher-forced on rows; for the original target's greedy rows that is the row's token itself):
     rows [B, L + 1] -> (hits [K, topk] = that token within each head's top-1..top-k, valid labels [K]); divide for
     cumulative top-k accuracy."""
-    inputs = rows[:, :-1]
+    rows = labeled(rows, first_label)
+    inputs = rows.tokens[:, :-1]
     target = frozen_target_features(target_params, cfg, inputs)
-    logits = head_logits(heads, target.hidden)                            # [B, T, K, V]
+    logits = head_logits(heads, target.hidden, target_weight(target_params, "lm_head"))   # [B, T, K, V]
     B, T, K, _ = logits.shape
     hits, counts = [], []
     for i in range(K):
         label_at = jnp.arange(T) + i + 2
-        valid = (label_at <= T) & (label_at >= first_label)
+        valid = (label_at <= T)[None, :] & label_mask(rows, label_at)
         labels = jnp.argmax(_head_teacher(target.logits, i + 1), -1)      # [B, T]
         lg = logits[:, :, i]                                               # [B, T, V]
         # The label's rank = how many tokens score strictly higher (a sort-free top-k test; ties favour it).
