@@ -32,7 +32,7 @@ from jax import lax
 
 import specjax
 from specjax import SpecConfig
-from specjax.analysis import optimal_k
+from specjax.analysis import walltime_speedup
 from specjax.drafters.artifacts import save_artifact
 from specjax.models.llama import apply_rope, lm_head, rms_norm, rope_inv_freq
 from train import self_distill, sharegpt
@@ -221,7 +221,10 @@ def search(target, tokens, mask, max_skip: int, candidates: int, keep_always: se
         best = max(scores, key=scores.get)
         skip.append(best)
         c = draft_cost(target, set(skip))
-        k, speedup = optimal_k(scores[best], c, verify_cost, k_max)
+        # the best k >= 1 (optimal_k would answer k = 0, plain decoding, where nothing beats it: the table shows
+        # by how much each skip set falls short then)
+        k = max(range(1, k_max + 1), key=lambda k: walltime_speedup(scores[best], k, c, verify_cost))
+        speedup = walltime_speedup(scores[best], k, c, verify_cost)
         table.append(dict(skipped=s, skip_layers=sorted(skip), alpha=scores[best], c=c, best_k=k,
                           predicted_speedup=speedup))
         log(f"[layer_skip] skip {s:2d}: +layer {best:2d}  alpha {scores[best]:.3f}  c {c:.3f}  best k {k}  "
@@ -235,7 +238,8 @@ def manifest(table: list[dict], chosen: dict, meta: dict) -> str:
              f"Target: {meta['target']}. Rows: the target's greedy answers to {meta['num_prompts']} ShareGPT "
              f"training-split first turns (seed {meta['seed']}, at most {meta['new_tokens']} answer tokens, "
              f"{meta['answer_tokens']} in all). Training-free: nothing is learned; the artifact is the skip set.",
-             "", f"Chosen: skip {chosen['skip_layers']} (alpha {chosen['alpha']:.3f}, c {chosen['c']:.3f}, best k "
+             "", "A predicted speedup below 1.00 means plain decoding is faster on this machine at every k.", "",
+             f"Chosen: skip {chosen['skip_layers']} (alpha {chosen['alpha']:.3f}, c {chosen['c']:.3f}, best k "
              f"{chosen['best_k']}, predicted {chosen['predicted_speedup']:.2f}x with verify cost {meta['verify_cost']}).",
              "", "alpha: teacher-forced greedy agreement of the skipped model's argmax with the full model's on "
              "answer positions; c: weights read per draft step over a target step's.", "",
