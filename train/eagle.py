@@ -171,8 +171,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     n = F.eval_steps
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
-        tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
-                                                heldout, n_greedy, n, max_tokens)
+        count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
+        tots, idx = self_distill.heldout_counts(count, params, heldout, n_greedy, n, max_tokens)
         return {**self_distill.chain_metrics(tots, n), "heldout_rows": int(len(idx))}
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
