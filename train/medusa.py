@@ -117,8 +117,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         for suffix, ix in (("", np.arange(n_greedy)), ("_t1", np.arange(n_greedy, len(tokens)))):
             if len(ix):
                 acc = head_accuracy(params, take(heldout, ix[:per_split]))
-                if max_tokens is None:          # the full curve, for trees built from measured accuracies
-                    out[f"topk_accuracy{suffix}"] = acc.round(4).tolist()
+                # the full curve, for trees built from measured accuracies (the export reads it, whatever
+                # --final_eval_tokens; periodic evals log only the scalars)
+                out[f"topk_accuracy{suffix}"] = acc.round(4).tolist()
                 out.update({f"head{i}_top1{suffix}": float(acc[i, 0]) for i in range(F.num_heads)})
                 out.update({f"head{i}_top5{suffix}": float(acc[i, 4]) for i in range(F.num_heads)})
         if lm_eval is not None:        # the jointly trained target beside the original, on the same held-out text
