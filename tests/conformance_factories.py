@@ -13,7 +13,7 @@ import jax
 
 import specjax
 from specjax import SamplingParams, SpecConfig
-from specjax.drafters import medusa, pard
+from specjax.drafters import dflash, medusa, pard
 from specjax.drafters.base import target_weight
 from specjax.drafters.suffix import SuffixCache
 from specjax.models import Model
@@ -82,6 +82,18 @@ def identity_medusa(target: Model, layout: str = "shared") -> medusa.MedusaHeads
                                                                layout), "identity")
 
 
+def guessing_dflash(c: "Case") -> dflash.DFlashWeights:
+    """An untrained DFlash drafter whose every draft leans to the token the target's plain outputs use most (its
+    mask embedding is that token's LM-head column; small random layers around it): some drafts accepted, most
+    not."""
+    target = c.target
+    cfg = dflash.dflash_config(target, num_layers=2, block_size=8, target_layers=(0, 1))
+    params = dflash.init_params(jax.random.PRNGKey(3), cfg, std=0.002)
+    common = max(set(t for row in c.plain for t in row), key=lambda t: sum(row.count(t) for row in c.plain))
+    params["mask_embed"] = 10 * target_weight(target.params, "lm_head")[:, common]   # dominant over the layers
+    return dflash.DFlashWeights(cfg, params, "guessing-dflash")
+
+
 def near_pard(target: Model) -> pard.PardModel:
     """A PARD draft: near(target) with 7 mean-embedding mask rows appended, so draft 1 is (nearly) the target's own
     guess and the mask drafts are an untrained model's guesses: some accepted, many rejected."""
@@ -126,6 +138,7 @@ FACTORIES = {
     "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
     "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
     # The test target has 2 layers: the draft pass runs layer 0 alone.
+    "dflash": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash(c)),
     "layer_skip": lambda c: (dict(method="layer_skip", num_speculative_tokens=c.k,
                                   drafter_options=dict(skip_layers=[1])), None),
     "layer_skip-dynamic_tree": lambda c: (dict(method="layer_skip", num_steps=min(c.k, 3), topk=2,

@@ -1,0 +1,265 @@
+"""A DFlash-style block drafter (Chen et al. 2026, "DFlash: Block Diffusion for Flash Speculative Decoding"): a few
+decoder layers fill a block of k mask positions after the last committed token in ONE forward, reading the target's
+own features of every committed position as keys and values ("KV injection").
+
+Per step, for a row whose last committed token x_L sits at position L:
+  block   [embed(x_L), m, m, ..., m] at positions L .. L + k (m: the drafter's learned mask embedding; the anchor's
+          embedding is the target's);
+  context the target's features of positions 0 .. L - 1 (the outputs of config.target_layers, concatenated, through
+          fc and a norm), as keys and values of every draft layer (each layer's own projections, cached);
+  layers  pre-norm decoder layers whose queries are the block's; each block position attends to the whole context
+          and to every block position (bidirectional inside the block); per-head norms on queries and keys;
+  output  the final norm, then the target's LM head at block positions 1 .. k: one distribution per draft.
+Draft i is drawn from its own position's distribution (greedy: its argmax), which does not depend on the other
+drafts; speculative sampling accepts it exactly against the target at any temperature (q_i is what it was drawn
+from).
+
+State: the context keys/values of every draft layer (a KVCache whose lengths = committed tokens - 1: the anchor has
+no target feature until it is verified). init writes the prompt's features; commit writes the features the verify
+pass computed at the anchor and the accepted drafts (positions L .. L + n), as EAGLE's drafter follows the
+accepted path.
+
+Artifacts: specjax drafter directories (kind "dflash"; config + tensors + MANIFEST, the target's fingerprint).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.cache import KVCache
+from specjax.drafters import artifacts
+from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.models.llama import apply_rope, rms_norm
+from specjax.sampling import SamplingParams
+
+KIND = "dflash"
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int                  # the drafter's (and the target's) hidden size
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_layers: tuple[int, ...]    # target decoder layers whose outputs are the context features
+    block_size: int                   # trained block: the anchor + block_size - 1 drafts (the largest k it drafts)
+    vocab_size: int                   # the target's
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["target_layers"] = list(self.target_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DFlashConfig":
+        d = dict(d)
+        d["target_layers"] = tuple(d["target_layers"])
+        return cls(**d)
+
+
+def default_target_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
+    """`count` target layers spread evenly from the second to the third-from-last (the paper fuses several layers
+    from shallow to deep)."""
+    lo, hi = 1, max(1, num_layers - 3)
+    return tuple(sorted({int(round(lo + i * (hi - lo) / max(count - 1, 1))) for i in range(count)}))
+
+
+def dflash_config(target, *, num_layers: int = 1, block_size: int = 8, target_layers: Sequence[int] | None = None,
+                  intermediate_size: int | None = None) -> DFlashConfig:
+    """A drafter shaped like the target's layers (hidden size, heads, head dim)."""
+    tc = target.config
+    layers = tuple(target_layers) if target_layers is not None else default_target_layers(tc.num_layers)
+    return DFlashConfig(tc.hidden_size, num_layers, tc.num_heads, tc.num_kv_heads, tc.head_dim,
+                        intermediate_size or tc.intermediate_size, layers, block_size, tc.vocab_size,
+                        tc.rms_norm_eps, tc.rope_theta)
+
+
+def init_params(key: jax.Array, cfg: DFlashConfig, std: float = 0.02) -> dict:
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    keys = iter(jax.random.split(key, 8 * cfg.num_layers + 3))
+    normal = lambda shape, s=std: s * jax.random.normal(next(keys), shape, jnp.float32)
+    layers = [{"attn_norm": jnp.ones((H,)), "wq": normal((H, cfg.num_heads * D)),
+               "wk": normal((H, cfg.num_kv_heads * D)), "wv": normal((H, cfg.num_kv_heads * D)),
+               "wo": normal((cfg.num_heads * D, H)) / math.sqrt(2 * cfg.num_layers),
+               "q_norm": jnp.ones((D,)), "k_norm": jnp.ones((D,)), "mlp_norm": jnp.ones((H,)),
+               "w_gate": normal((H, I)), "w_up": normal((H, I)),
+               "w_down": normal((I, H)) / math.sqrt(2 * cfg.num_layers)} for _ in range(cfg.num_layers)]
+    return {"fc": normal((len(cfg.target_layers) * H, H)), "hidden_norm": jnp.ones((H,)),
+            "mask_embed": normal((H,)), "layers": layers, "final_norm": jnp.ones((H,))}
+
+
+def _inv_freq(cfg: DFlashConfig) -> jax.Array:
+    return 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+
+
+def context_features(params: dict, cfg: DFlashConfig, layer_hidden: Sequence[jax.Array]) -> jax.Array:
+    """The target's layer outputs (each [B, T, H_t], in cfg.target_layers' order) -> context features [B, T, H]."""
+    return rms_norm(jnp.concatenate(list(layer_hidden), -1) @ params["fc"], params["hidden_norm"], cfg.rms_norm_eps)
+
+
+def context_kv(lp: dict, cfg: DFlashConfig, feats: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One layer's keys / values of context features [B, T, H] at positions [B, T] -> [B, T, Hkv, D] each."""
+    B, T = feats.shape[:2]
+    k = rms_norm((feats @ lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim), lp["k_norm"], cfg.rms_norm_eps)
+    v = (feats @ lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    return apply_rope(k, positions, _inv_freq(cfg)), v
+
+
+def block_forward(params: dict, cfg: DFlashConfig, x: jax.Array, positions: jax.Array, ctx_k: Sequence[jax.Array],
+                  ctx_v: Sequence[jax.Array], ctx_visible: jax.Array) -> jax.Array:
+    """The draft layers over a block x [B, T, H] at positions [B, T], each layer's queries attending to its context
+    keys / values ctx_k[l], ctx_v[l] [B, Hkv, S, D] (a KVCache's layout) where ctx_visible [B, S] (True: a context
+    position of this row), and to every block position -> final-normed hidden [B, T, H]. Drafting and training
+    share it."""
+    B, T, H = x.shape
+    Hq, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    group, eps, inv = Hq // Hkv, cfg.rms_norm_eps, _inv_freq(cfg)
+    S = ctx_visible.shape[1]
+    for lp, k_c, v_c in zip(params["layers"], ctx_k, ctx_v):
+        h = rms_norm(x, lp["attn_norm"], eps)
+        q = apply_rope(rms_norm((h @ lp["wq"]).reshape(B, T, Hq, D), lp["q_norm"], eps), positions, inv)
+        k_b = apply_rope(rms_norm((h @ lp["wk"]).reshape(B, T, Hkv, D), lp["k_norm"], eps), positions, inv)
+        v_b = (h @ lp["wv"]).reshape(B, T, Hkv, D)
+        qg = q.reshape(B, T, Hkv, group, D) / math.sqrt(D)
+        s_ctx = jnp.einsum("btkgd,bksd->bkgts", qg, k_c)                   # [B, Hkv, group, T, S]
+        s_ctx = jnp.where(ctx_visible[:, None, None, None, :], s_ctx, -jnp.inf)
+        s_blk = jnp.einsum("btkgd,bukd->bkgtu", qg, k_b)                    # the block sees itself whole
+        p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], -1), -1)
+        o = jnp.einsum("bkgts,bksd->btkgd", p[..., :S], v_c) + jnp.einsum("bkgtu,bukd->btkgd", p[..., S:], v_b)
+        x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
+        h = rms_norm(x, lp["mlp_norm"], eps)
+        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+    return rms_norm(x, params["final_norm"], eps)
+
+
+def block_inputs(params: dict, embed: jax.Array, anchor: jax.Array, num_masks: int) -> jax.Array:
+    """[embed(anchor), mask x num_masks]: anchor [B] -> [B, 1 + num_masks, H]."""
+    first = embed[anchor][:, None, :]
+    masks = jnp.broadcast_to(params["mask_embed"], (anchor.shape[0], num_masks, embed.shape[-1]))
+    return jnp.concatenate([first, masks.astype(first.dtype)], 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter:
+    k: int
+    config: DFlashConfig
+    cache_size: int
+    target_weights = ("embed", "lm_head")
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        return self.config.target_layers
+
+    def _write(self, params, cache: KVCache, layer_hidden, starts: jax.Array) -> KVCache:
+        """Context keys/values of the features layer_hidden (each [B, T, H_t]) at positions starts + 0..T-1."""
+        feats = context_features(params, self.config, layer_hidden)
+        B, T = feats.shape[:2]
+        positions = starts[:, None] + jnp.arange(T)[None, :]
+        for l, lp in enumerate(params["layers"]):
+            k, v = context_kv(lp, self.config, feats, positions)
+            cache = cache.write(l, k, v, starts)
+        return cache
+
+    def init(self, params, ctx: Context, target_out, sp):
+        B = ctx.tokens.shape[0]
+        cfg = self.config
+        cache = KVCache.init(cfg.num_layers, B, self.cache_size, cfg.num_kv_heads, cfg.head_dim,
+                             keys_transposed=False)
+        cache = self._write(params, cache, target_out.layer_hidden, jnp.zeros((B,), jnp.int32))
+        return cache.replace(lengths=ctx.prompt_length)          # the prompt's features; stale ones past it
+
+    def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
+        cfg, k = self.config, self.k
+        w = ctx.target_weights
+        anchor = last_tokens(ctx, 1)[:, 0]                                       # [B] at position length - 1
+        x = block_inputs(params, w["embed"], anchor, k)                          # [B, k + 1, H]
+        positions = (ctx.length - 1)[:, None] + jnp.arange(k + 1)[None, :]
+        visible = jnp.arange(cache.size)[None, :] < cache.lengths[:, None]      # [B, S]
+        hidden = block_forward(params, cfg, x, positions, [cache.keys(l) for l in range(cfg.num_layers)],
+                               list(cache.v), visible)
+        logits = (hidden[:, 1:] @ w["lm_head"]).astype(jnp.float32)            # [B, k, V]
+        step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k]
+        tokens, probs = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
+            logits, step_keys)
+        return Draft(tokens, probs), cache
+
+    def commit(self, params, cache: KVCache, ctx, num_accepted, target_out, verified):
+        # the verify pass's features at the anchor and the drafts (sequence order); n + 1 of them are committed now
+        cache = self._write(params, cache, target_out.layer_hidden, cache.lengths)
+        return cache.replace(lengths=ctx.length - 1)                 # every committed token but the new last one
+
+
+# ------------------------------------------------------------------------------------------- artifacts
+
+@dataclasses.dataclass(frozen=True)
+class DFlashWeights:
+    config: DFlashConfig
+    params: dict
+    name: str = ""
+
+
+def _flatten(params: dict) -> dict:
+    flat = {k: v for k, v in params.items() if k != "layers"}
+    for i, lp in enumerate(params["layers"]):
+        flat.update({f"layers.{i}.{k}": v for k, v in lp.items()})
+    return flat
+
+
+def save(path: str, weights: DFlashWeights, target, manifest: str, dtype: str = "bfloat16") -> None:
+    artifacts.save_artifact(path, KIND, weights.config.to_dict(),
+                            {k: np.asarray(v) for k, v in _flatten(jax.device_get(weights.params)).items()},
+                            target, manifest, dtype)
+
+
+def load(path_or_name: str, target) -> DFlashWeights:
+    config, tensors = artifacts.load_artifact(path_or_name, target, KIND)
+    try:
+        cfg = DFlashConfig.from_dict(config)
+    except TypeError as e:
+        raise ValueError(f"DFlash artifact {path_or_name!r}: config does not describe a DFlash drafter ({e})") from None
+    want = _flatten(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))))
+    for name, spec in want.items():
+        if name not in tensors:
+            raise ValueError(f"DFlash artifact {path_or_name!r} is missing tensor {name!r}")
+        if tuple(tensors[name].shape) != tuple(spec.shape):
+            raise ValueError(f"DFlash artifact {path_or_name!r}: {name} has shape {tuple(tensors[name].shape)}, "
+                             f"its config needs {tuple(spec.shape)}")
+    params = {k: jnp.asarray(tensors[k]) for k in want if not k.startswith("layers.")}
+    params["layers"] = [{k.split(".", 2)[2]: jnp.asarray(tensors[k]) for k in want if k.startswith(f"layers.{i}.")}
+                        for i in range(cfg.num_layers)]
+    return DFlashWeights(cfg, params, str(path_or_name))
+
+
+def _build(req: BuildRequest):
+    weights, config, target = req.drafter, req.config, req.target
+    if weights is None:
+        raise TypeError("method='dflash' needs drafter=<a DFlash artifact directory, a shipped name or "
+                        "dflash.DFlashWeights>, got None")
+    cfg = weights.config
+    tc = target.config
+    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size):
+        raise ValueError(f"DFlash drafter {weights.name!r} is for hidden {cfg.hidden_size} / vocab {cfg.vocab_size}; "
+                         f"the target has {tc.hidden_size} / {tc.vocab_size}")
+    bad = [l for l in cfg.target_layers if not 0 <= l < tc.num_layers]
+    if bad or not cfg.target_layers:
+        raise ValueError(f"DFlash drafter {weights.name!r} reads target layers {list(cfg.target_layers)}; the target "
+                         f"has {tc.num_layers} decoder layers (indices 0..{tc.num_layers - 1})")
+    if config.k > cfg.block_size - 1:
+        raise ValueError(f"k={config.k} drafts more positions than the DFlash drafter {weights.name!r} fills (its "
+                         f"block is {cfg.block_size}: the anchor and {cfg.block_size - 1} drafts)")
+    return DFlashDrafter(config.k, cfg, req.buffer_len), weights.params
+
+
+register(DrafterSpec(KIND, _build, accepts="a DFlash artifact (directory or shipped name) or dflash.DFlashWeights",
+                     load=lambda target, path: load(path, target), artifact=DFlashWeights))

@@ -1,0 +1,85 @@
+"""The DFlash block drafter: its context keys/values follow the committed tokens exactly (init, then commits of
+accepted paths, equal a direct computation from one full target forward), its artifact round-trips, and bad input
+is refused (exactness over k and batches is the conformance suite's: factory dflash)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import SpecConfig
+from specjax.drafters import dflash
+from specjax.drafters.base import Context, target_weight
+from specjax.models.llama import forward
+from specjax.cache import KVCache
+from specjax.sampling import SamplingParams
+from train.losses.common import causal_forward
+from tiny import tiny_model
+
+
+def _weights(target, block_size=5, target_layers=(0, 1)):
+    cfg = dflash.dflash_config(target, num_layers=2, block_size=block_size, target_layers=target_layers)
+    return dflash.DFlashWeights(cfg, dflash.init_params(jax.random.PRNGKey(1), cfg, std=0.3), "random")
+
+
+def test_context_cache_follows_the_committed_tokens():
+    target = tiny_model(0)
+    w = _weights(target)
+    cfg, k = w.config, 3
+    rng = np.random.default_rng(0)
+    seq = jnp.asarray(rng.integers(1, 61, (2, 20)), jnp.int32)
+    P = 6
+    drafter = dflash.DFlashDrafter(k, cfg, 32)
+    tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
+    cache = KVCache.init(target.config.num_layers, 2, 32, target.config.num_kv_heads, target.config.head_dim)
+    prefill = forward(target.params, target.config, seq[:, :P], cache, hidden_layers=cfg.target_layers)
+    state = drafter.init(w.params, Context(seq, jnp.full((2,), P + 1), jnp.full((2,), P), tw), prefill,
+                         SamplingParams())
+    # one verify pass over positions P .. P + k; row 0 accepts 2 drafts, row 1 none
+    tcache = prefill.cache.replace(lengths=jnp.full((2,), P, jnp.int32))
+    verify = forward(target.params, target.config, seq[:, P:P + k + 1], tcache, hidden_layers=cfg.target_layers)
+    n = jnp.array([2, 0])
+    new_len = P + 1 + n + 1
+    state = drafter.commit(w.params, state, Context(seq, new_len, jnp.full((2,), P), tw), n, verify, None)
+    assert state.lengths.tolist() == (new_len - 1).tolist()
+    full = causal_forward(target.params, target.config, seq, hidden_layers=cfg.target_layers)
+    feats = dflash.context_features(w.params, cfg, full.layer_hidden)
+    positions = jnp.broadcast_to(jnp.arange(20), (2, 20))
+    for l, lp in enumerate(w.params["layers"]):
+        k_ref, v_ref = dflash.context_kv(lp, cfg, feats, positions)        # [B, T, Hkv, D]
+        for b in range(2):
+            m = int(state.lengths[b])
+            np.testing.assert_allclose(np.asarray(state.keys(l)[b, :, :m]), np.asarray(k_ref[b, :m]).swapaxes(0, 1),
+                                       rtol=2e-4, atol=2e-5)
+            np.testing.assert_allclose(np.asarray(state.v[l][b, :, :m]), np.asarray(v_ref[b, :m]).swapaxes(0, 1),
+                                       rtol=2e-4, atol=2e-5)
+    # the proposal reads exactly those entries: the same drafts from a cache rebuilt from the full forward
+    ctx = Context(seq, new_len, jnp.full((2,), P), tw)
+    drafts, _ = drafter.propose(w.params, state, ctx, jax.random.split(jax.random.PRNGKey(0), 2), SamplingParams())
+    rebuilt = KVCache.init(cfg.num_layers, 2, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
+    rebuilt = drafter._write(w.params, rebuilt, tuple(h[:, :20] for h in full.layer_hidden), jnp.zeros(2, jnp.int32))
+    again, _ = drafter.propose(w.params, rebuilt.replace(lengths=state.lengths), ctx,
+                               jax.random.split(jax.random.PRNGKey(0), 2), SamplingParams())
+    assert drafts.tokens.tolist() == again.tokens.tolist()
+
+
+def test_artifact_round_trip_and_bad_input(tmp_path):
+    target = tiny_model(0)
+    w = _weights(target)
+    dflash.save(str(tmp_path / "d"), w, target, "# test drafter\n", dtype="float32")
+    loaded = dflash.load(str(tmp_path / "d"), target)
+    assert loaded.config == w.config
+    for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(w.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    prompts = [[1, 2, 3, 4, 5]]
+    plain = specjax.generate(target, prompts, SpecConfig(max_new_tokens=10)).tokens
+    cfg = SpecConfig(method="dflash", num_speculative_tokens=4, max_new_tokens=10)
+    assert specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "d")).tokens == plain
+    with pytest.raises(ValueError, match="k=5 drafts more positions than the DFlash drafter 'random' fills"):
+        specjax.generate(target, prompts, SpecConfig(method="dflash", num_speculative_tokens=5), drafter=w)
+    with pytest.raises(ValueError, match=r"reads target layers \[0, 7\]; the target has 2 decoder layers"):
+        specjax.generate(target, prompts, cfg, drafter=_weights(target, target_layers=(0, 7)))
+    with pytest.raises(ValueError, match="trained for another target"):
+        specjax.generate(tiny_model(0, layers=3), prompts, cfg, drafter=str(tmp_path / "d"))
+    with pytest.raises(TypeError, match="method='dflash' needs drafter="):
+        specjax.generate(target, prompts, cfg)
