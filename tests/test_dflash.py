@@ -83,3 +83,41 @@ def test_artifact_round_trip_and_bad_input(tmp_path):
         specjax.generate(tiny_model(0, layers=3), prompts, cfg, drafter=str(tmp_path / "d"))
     with pytest.raises(TypeError, match="method='dflash' needs drafter="):
         specjax.generate(target, prompts, cfg)
+
+
+def test_training_blocks_are_what_the_drafter_proposes():
+    """The loss's block at anchor a (train.losses.dflash) has exactly the distributions propose() draws from after
+    the committed tokens 0..a, so training optimises what drafting uses; and the loss trains (it falls)."""
+    from train.losses.common import frozen_target_features, labeled
+    from train.losses.dflash import _blocks, dflash_accuracy, dflash_loss_fn
+    import optax
+    target = tiny_model(0)
+    w = _weights(target)
+    cfg, k = w.config, 4
+    seq = jnp.asarray(np.random.default_rng(1).integers(1, 61, (2, 16)), jnp.int32)
+    rows = labeled(seq, 1)
+    tf = frozen_target_features(target.params, target.config, seq, cfg.target_layers)
+    anchors = jnp.array([[7], [11]], jnp.int32)
+    logits, _, _ = _blocks(w.params, cfg, rows, target.params, tf, anchors, k)
+    drafter = dflash.DFlashDrafter(k, cfg, 32)
+    tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
+    cache = KVCache.init(cfg.num_layers, 2, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
+    cache = drafter._write(w.params, cache, tf.layers, jnp.zeros(2, jnp.int32)).replace(lengths=anchors[:, 0])
+    ctx = Context(seq, anchors[:, 0] + 1, jnp.ones(2, jnp.int32), tw)
+    sp = SamplingParams(temperature=1.0)
+    draft, _ = drafter.propose(w.params, cache, ctx, jax.random.split(jax.random.PRNGKey(0), 2), sp)
+    np.testing.assert_allclose(np.asarray(draft.probs), np.asarray(jax.nn.softmax(logits[:, 0], -1)),
+                               rtol=1e-4, atol=1e-6)
+    loss_fn = dflash_loss_fn(target.config, cfg, 1, anchors_per_row=4)
+    opt = optax.adam(3e-3)
+    params, state = w.params, opt.init(w.params)
+    step = jax.jit(lambda p, s, r: (lambda lg: (lg[0], *opt.update(lg[1], s, p)))(
+        jax.value_and_grad(lambda p: loss_fn(p, seq, r, target.params)[0])(p)))
+    losses = []
+    for i in range(30):
+        loss, updates, state = step(params, state, jax.random.PRNGKey(i % 3))
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    assert losses[-1] < 0.7 * losses[0]
+    hits, counts, chain_hits, chains = dflash_accuracy(params, target.params, target.config, cfg, seq, 1, 3)
+    assert counts.tolist()[0] > 0 and int(chains) > 0 and int(chain_hits[2]) <= int(chain_hits[0])

@@ -64,7 +64,7 @@ flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identit
                   "identity on the top fused layer, the target's final norm and LM head columns)")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
-flags.DEFINE_enum("data", "corpus", ["corpus", "chat"], "self-distillation rows: corpus = stdlib windows continued by "
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
                   "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
                   "target (build_chat; each row's labels are its answer)")
 flags.DEFINE_bool("export_published", False, "also write the weights in the published EAGLE layout under "
@@ -145,14 +145,8 @@ def coverage(rows, first: int, d2t, vocab_size: int) -> float:
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
-    if F.data == "chat":
-        ds = self_distill.build_chat(F.target, num_train=F.num_train, log=run.log)
-        prompt_len, rows, heldout, n_greedy = self_distill.chat_recipe_rows(ds)
-        batches = data.RowBatches(rows.tokens, F.batch_size, F.seed, rows.first_label, rows.label_end)
-    else:
-        ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-        prompt_len, rows, heldout, n_greedy = self_distill.recipe_rows(ds)
-        batches = data.RowBatches(rows, F.batch_size, F.seed)
+    ds, (prompt_len, rows, heldout, n_greedy), batches = self_distill.recipe_data(
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
     ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
     noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
     cfg = drafter_config(F, target)

@@ -42,7 +42,7 @@ flags.DEFINE_bool("soft_labels", True, "heads learn the target's own distributio
                   "the trained target's); false: hard labels, the rows' tokens")
 flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
-flags.DEFINE_enum("data", "corpus", ["corpus", "chat"], "self-distillation rows: corpus = stdlib windows continued by "
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
                   "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
                   "target (build_chat; each row's labels are its answer). Medusa-1 only")
 
@@ -73,18 +73,11 @@ def take(rows, idx):
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     cfg = target.config
-    if F.data == "chat":
-        if F.medusa2:
-            raise ValueError("--data=chat trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
-                             "stdlib corpus (--data=corpus)")
-        ds = self_distill.build_chat(F.target, num_train=F.num_train, log=run.log)
-        prompt_len, train_rows, heldout, n_greedy = self_distill.chat_recipe_rows(ds)
-        batches = data.RowBatches(train_rows.tokens, F.batch_size, F.seed, train_rows.first_label,
-                                  train_rows.label_end)
-    else:
-        ds = self_distill.build(F.target, num_train=F.num_train, log=run.log)
-        prompt_len, train_rows, heldout, n_greedy = self_distill.recipe_rows(ds)
-        batches = data.RowBatches(train_rows, F.batch_size, F.seed)
+    if F.data == "chat" and F.medusa2:
+        raise ValueError("--data=chat trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
+                         "stdlib corpus (--data=corpus)")
+    ds, (prompt_len, train_rows, heldout, n_greedy), batches = self_distill.recipe_data(
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
     if F.init_heads:
         loaded = medusa.load_heads(F.init_heads, target)
         heads = loaded.params

@@ -255,6 +255,24 @@ def chat_recipe_rows(ds: dict) -> RecipeRows:
     return RecipeRows(0, rows("train", False), rows("heldout", True), int(ds["heldout"]["greedy"].sum()))
 
 
+DATA_SOURCES = ("corpus", "chat")
+
+
+def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print):
+    """The self-distillation rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches):
+    source "corpus" (build: stdlib windows continued by the target) or "chat" (build_chat: ShareGPT training first
+    turns answered by a chat target; rows carry label spans)."""
+    if source == "chat":
+        ds = build_chat(target, num_train=num_train, log=log)
+        rr = chat_recipe_rows(ds)
+        return ds, rr, data.RowBatches(rr.rows.tokens, batch_size, seed, rr.rows.first_label, rr.rows.label_end)
+    if source != "corpus":
+        raise ValueError(f"unknown self-distillation source {source!r}; expected one of {DATA_SOURCES}")
+    ds = build(target, num_train=num_train, log=log)
+    rr = recipe_rows(ds)
+    return ds, rr, data.RowBatches(rr.rows, batch_size, seed)
+
+
 def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int, max_tokens: int | None,
                    min_rows: int = 8, batch: int = 32) -> tuple[dict, np.ndarray]:
     """The drafter recipes' held-out evaluation on self-distilled rows (greedy rows first, as build() writes them).

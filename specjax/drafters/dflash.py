@@ -68,9 +68,9 @@ class DFlashConfig:
 
 
 def default_target_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
-    """`count` target layers spread evenly from the second to the third-from-last (the paper fuses several layers
-    from shallow to deep)."""
-    lo, hi = 1, max(1, num_layers - 3)
+    """`count` target layers spread evenly from the second to the fourth-from-last (the paper's Qwen3-8B drafter
+    fuses 5 of 36: 1, 9, 17, 25, 33); at least two for a target of 3 or more layers."""
+    lo, hi = 1, min(num_layers - 1, max(2, num_layers - 3))
     return tuple(sorted({int(round(lo + i * (hi - lo) / max(count - 1, 1))) for i in range(count)}))
 
 

@@ -1,0 +1,109 @@
+"""Train a DFlash-style block drafter (specjax.drafters.dflash) for a target on its own answers.
+
+    python -m train.dflash                                        # the toy target, corpus rows
+    python -m train.dflash --target=smollm2-135m --data=chat --block_size=8 \
+        --ckpt_dir=runs/dflash_smollm2 --out=checkpoints/smollm2-135m-dflash
+
+Data: the self-distillation rows the EAGLE and Medusa recipes train on (train.self_distill; --data=chat for a chat
+target: ShareGPT training first turns answered by the target). Loss (train.losses.dflash): --anchors_per_row blocks
+per row at random committed positions, each filled in one forward from the target's features before its anchor;
+block position i trained toward the target's own distribution for its token, weighted --position_decay^(i-1).
+Init: N(0, 0.02) layers and fc, the mask embedding the mean of the target's token embeddings, the final norm the
+target's (the drafter reads through the target's embedding and LM head, stored nowhere here).
+Held-out metric (dflash_accuracy): blocks anchored every 4th position of held-out rows, per block position the top-1
+agreement with the target's argmax, the chain agreement and heldout_accept_len = the expected accepted drafts of a
+block of --eval_steps drafts (on the greedy rows exactly what greedy verification accepts from that anchor).
+"""
+from __future__ import annotations
+
+import os
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafters import dflash
+from train import self_distill, skeleton
+from train.losses.dflash import dflash_accuracy, dflash_loss_fn
+
+flags.DEFINE_integer("block_size", 8, "the block: the anchor and block_size - 1 drafts (the largest k it serves)")
+flags.DEFINE_integer("draft_layers", 1, "decoder layers of the drafter")
+flags.DEFINE_list("target_layers", None, "target layers whose outputs are the context features (default "
+                  "dflash.default_target_layers)")
+flags.DEFINE_integer("anchors_per_row", 8, "blocks trained per row and step")
+flags.DEFINE_float("position_decay", 0.8, "loss weight of block position i is position_decay ** (i - 1)")
+flags.DEFINE_integer("eval_steps", 4, "held-out metric: drafts per block scored")
+flags.DEFINE_integer("num_train", 2048, "self-distillation rows (train.self_distill)")
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus (stdlib windows "
+                  "continued by the target) or chat (a chat target's answers to ShareGPT training first turns)")
+
+NOTES = """\
+DFlash-style block drafter for {target}: {layers} decoder layer(s) (hidden {H}, {heads}/{kv} heads, MLP {I};
+{n_params:,} parameters) filling a block of {bs} positions (the anchor and {k} drafts) in one forward, context =
+target layers {tl} fused. Trained on {rows} self-distillation rows ({data}), {anchors} blocks per row per step,
+position i weighted {decay}^(i-1).
+Held-out ({eval_rows} rows, blocks anchored every 4th position): top-1 agreement per block position {acc}; chain
+agreement {chain}; expected accepted drafts of a {n}-draft block {accept:.3f} ({accept_g:.3f} on the greedy rows).
+Layout: specjax artifact (dflash.save; load with specjax.generate(..., SpecConfig(method="dflash"),
+drafter=<this dir>)), stored as bfloat16.
+"""
+
+
+def build(run: skeleton.Run) -> skeleton.Parts:
+    F, target = run.flags, run.target
+    tcfg = target.config
+    ds, (prompt_len, rows, heldout, n_greedy), batches = self_distill.recipe_data(
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
+    layers = None if not F.target_layers else [int(x) for x in F.target_layers]
+    cfg = dflash.dflash_config(target, num_layers=F.draft_layers, block_size=F.block_size, target_layers=layers)
+    bad = [l for l in cfg.target_layers if not 0 <= l < tcfg.num_layers]
+    if bad:
+        raise ValueError(f"--target_layers {bad} out of range: the target has {tcfg.num_layers} decoder layers")
+    params = dflash.init_params(jax.random.PRNGKey(F.seed), cfg)
+    params["mask_embed"] = jnp.mean(jnp.asarray(target.params["embed"], jnp.float32), 0)
+    params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
+    n = F.eval_steps
+    if n > F.block_size - 1:
+        raise ValueError(f"--eval_steps={n} scores more drafts than a block of {F.block_size} holds")
+    accuracy = jax.jit(lambda p, frozen, r: dflash_accuracy(p, frozen, tcfg, cfg, r, prompt_len, n))
+
+    def evaluate(params, max_tokens: int | None = None) -> dict:
+        count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
+        tots, idx = self_distill.heldout_counts(count, params, heldout, n_greedy, n, max_tokens)
+        return {**self_distill.chain_metrics(tots, n), "heldout_rows": int(len(idx))}
+
+    def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
+        params = jax.device_get(params)
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+        notes = NOTES.format(
+            target=F.target, layers=cfg.num_layers, H=cfg.hidden_size, heads=cfg.num_heads, kv=cfg.num_kv_heads,
+            I=cfg.intermediate_size, n_params=n_params, bs=cfg.block_size, k=cfg.block_size - 1,
+            tl=list(cfg.target_layers), rows=len(batches.rows), data=F.data, anchors=F.anchors_per_row,
+            decay=F.position_decay, eval_rows=record.get("heldout_rows"), n=n,
+            acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
+            chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)),
+            accept=record["heldout_accept_len"], accept_g=record.get("heldout_accept_len_greedy", float("nan")))
+        dflash.save(out_dir, dflash.DFlashWeights(cfg, params, os.path.basename(os.path.normpath(out_dir))),
+                    target, notes)
+        return dict(self_distillation=ds["meta"], dflash_config=cfg.to_dict(), drafter_params=n_params,
+                    anchors_per_row=F.anchors_per_row, position_decay=F.position_decay), notes
+
+    return skeleton.Parts(
+        params, dflash_loss_fn(tcfg, cfg, prompt_len, anchors_per_row=F.anchors_per_row,
+                               position_decay=F.position_decay),
+        evaluate, export, batches=batches, corpus=F.data == "corpus",
+        summary=f"DFlash: {cfg.num_layers} layer(s), block {cfg.block_size}, target layers {list(cfg.target_layers)}; "
+                f"self-distillation rows {batches.rows.shape}")
+
+
+RECIPE = skeleton.Recipe(
+    "dflash", build, frozen_target="checkpoints/stdlib-target",
+    run_flags=("block_size", "draft_layers", "target_layers", "anchors_per_row", "position_decay", "num_train",
+               "data"),
+    curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_acc0"),
+    defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
+                  eval_tokens=16384, log_every=10, ckpt_dir="runs/dflash_ckpt", out="checkpoints/stdlib-target-dflash"))
+
+if __name__ == "__main__":
+    skeleton.main(RECIPE)

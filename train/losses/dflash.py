@@ -1,0 +1,103 @@
+"""The DFlash block drafter's loss (specjax.drafters.dflash): blocks anchored at random committed positions of each
+row, filled in one forward from the target's features of the positions before the anchor, each block position
+trained toward the target's own distribution for its token, early positions weighted more.
+
+Rows [B, R] (train.data.LabeledRows or plain rows with a fixed first_label). The frozen target runs over the whole
+row once: features of every position (the drafter's context keys/values) and logits z_p (z_p predicts token p + 1).
+A block anchored at a (the last committed token) holds [x_a, mask x k] at positions a .. a + k and sees the context
+positions < a; its position i (1..k) drafts token a + i, whose target distribution is softmax(z_{a+i-1}); it counts
+when token a + i is a label of the row (inside its span). Anchors are drawn uniformly from the positions whose
+next token is a label.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.base import target_weight
+from specjax.drafters.dflash import DFlashConfig, block_forward, block_inputs, context_features, context_kv
+from specjax.models.config import ModelConfig
+from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, soft_ce
+
+
+def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, anchors: jax.Array, k: int):
+    """Every anchor's block: anchors [B, A] -> (drafter logits [B, A, k, V], target logits [B, A, k, V], label mask
+    [B, A, k])."""
+    tokens = rows.tokens
+    B, R = tokens.shape
+    A = anchors.shape[1]
+    feats = context_features(params, config, tf.layers)                             # [B, R, H]
+    positions = jnp.broadcast_to(jnp.arange(R), (B, R))
+    ctx_k, ctx_v = [], []
+    for lp in params["layers"]:
+        kk, vv = context_kv(lp, config, feats, positions)                           # [B, R, Hkv, D]
+        rep = lambda x: jnp.repeat(jnp.swapaxes(x, 1, 2), A, axis=0)               # [B * A, Hkv, R, D]
+        ctx_k.append(rep(kk))
+        ctx_v.append(rep(vv))
+    flat = anchors.reshape(B * A)
+    anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1).reshape(B * A)
+    x = block_inputs(params, target_weight(target_params, "embed"), anchor_tok, k)    # [B * A, k + 1, H]
+    block_pos = flat[:, None] + jnp.arange(k + 1)[None, :]
+    visible = jnp.arange(R)[None, :] < flat[:, None]                                # the positions before the anchor
+    hidden = block_forward(params, config, x, block_pos, ctx_k, ctx_v, visible)
+    logits = (hidden[:, 1:] @ target_weight(target_params, "lm_head")).astype(jnp.float32)
+    at = jnp.clip(anchors[..., None] + jnp.arange(k), 0, R - 1)                     # z_{a+i-1}, i = 1..k
+    teacher = jnp.take_along_axis(tf.logits, at.reshape(B, A * k)[..., None], axis=1).reshape(B, A, k, -1)
+    label_at = anchors[..., None] + jnp.arange(1, k + 1)                            # token a + i, [B, A, k]
+    valid = label_mask(rows, label_at.reshape(B, A * k)).reshape(B, A, k) & (label_at < R)
+    return logits.reshape(B, A, k, -1), teacher, valid
+
+
+def sample_anchors(rng: jax.Array, rows, num: int) -> jax.Array:
+    """[B, num] anchors uniform over the positions a whose next token is a label: first_label - 1 <= a <= end - 2
+    (end = min(label_end, R))."""
+    B, R = rows.tokens.shape
+    lo = jnp.maximum(rows.first_label - 1, 0)
+    hi = jnp.maximum(jnp.minimum(rows.label_end, R) - 2, lo)
+    u = jax.random.uniform(rng, (B, num))
+    return (lo[:, None] + jnp.floor(u * (hi - lo + 1)[:, None])).astype(jnp.int32)
+
+
+def dflash_loss_fn(target_cfg: ModelConfig, config: DFlashConfig, first_label: int, *, block_k: int | None = None,
+                   anchors_per_row: int = 8, position_decay: float = 0.8) -> Callable:
+    """Loss = sum_i position_decay^(i-1) * mean soft cross-entropy of block position i (1..k) against the target's
+    distribution for that token, over the sampled anchors' label positions; k = block_k or config.block_size - 1.
+    Metrics per position: ce, top-1 agreement with the target's argmax (acc<i-1>)."""
+    k = block_k or config.block_size - 1
+
+    def loss_fn(params, batch, rng, target_params):
+        rows = labeled(batch, first_label)
+        tf = frozen_target_features(target_params, target_cfg, rows.tokens, config.target_layers)
+        anchors = sample_anchors(rng, rows, anchors_per_row)
+        logits, teacher, valid = _blocks(params, config, rows, target_params, tf, anchors, k)
+        total, metrics = 0.0, {}
+        for i in range(k):
+            ce = masked_mean(soft_ce(logits[:, :, i], jax.nn.softmax(teacher[:, :, i])), valid[:, :, i])
+            total = total + position_decay ** i * ce
+            metrics[f"ce{i}"] = ce
+            metrics[f"acc{i}"] = masked_mean(jnp.argmax(logits[:, :, i], -1) == jnp.argmax(teacher[:, :, i], -1),
+                                             valid[:, :, i])
+        return total, metrics
+    return loss_fn
+
+
+def dflash_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config: DFlashConfig, rows,
+                    first_label: int, num_steps: int, stride: int = 4) -> tuple[jax.Array, ...]:
+    """Held-out greedy acceptance counts of blocks anchored every `stride` positions: (hits [n], labels [n]) per
+    block position, and (chain_hits [n], chains): chains whose n labels are all inside the span, chain_hits[i]
+    counting those whose positions 1..i+1 all agree with the target's argmax (on greedy rows exactly what greedy
+    verification of an n-token block accepts from that anchor). train.self_distill.chain_metrics reads them."""
+    rows = labeled(rows, first_label)
+    B, R = rows.tokens.shape
+    tf = frozen_target_features(target_params, target_cfg, rows.tokens, config.target_layers)
+    anchors = jnp.broadcast_to(jnp.arange(0, R - 1, stride, dtype=jnp.int32), (B, (R - 2) // stride + 1))
+    logits, teacher, valid = _blocks(params, config, rows, target_params, tf, anchors, num_steps)
+    ok = jnp.argmax(logits, -1) == jnp.argmax(teacher, -1)                              # [B, A, n]
+    chain_valid = jnp.all(valid, -1)                                                   # [B, A]
+    chain_ok = jnp.cumprod(ok, -1).astype(bool)
+    hits = jnp.sum(ok & valid, (0, 1))
+    counts = jnp.sum(valid, (0, 1))
+    chain_hits = jnp.sum(chain_ok & chain_valid[..., None], (0, 1))
+    return hits, counts, chain_hits, jnp.sum(chain_valid)
