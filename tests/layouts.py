@@ -96,3 +96,28 @@ def write_vllm_medusa_layout(path: str, heads: medusa.MedusaHeads, target: Model
                    "num_hidden_layers": heads.num_layers, "hidden_size": target.config.hidden_size,
                    "vocab_size": target.config.vocab_size, "truncated_vocab_size": None}, f)
     save_file(sd, os.path.join(path, "model.safetensors"))
+
+
+def write_dflash_layout(path: str, weights, mask_token_id: int) -> None:
+    """The public DFlash drafter layout (its HF config.json with dflash_config, torch-style [out, in] Linear weights
+    in model.safetensors) holding `weights` (specjax.drafters.dflash.DFlashWeights)."""
+    cfg, p = weights.config, weights.params
+    config = {"architectures": ["DFlashDraftModel"], "hidden_size": cfg.hidden_size,
+              "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+              "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+              "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+              "rope_theta": cfg.rope_theta, "vocab_size": cfg.vocab_size,
+              "dflash_config": {"target_layer_ids": list(cfg.target_layers), "block_size": cfg.block_size,
+                                "mask_token_id": mask_token_id}}
+    a = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
+    t = {"fc.weight": a(np.asarray(p["fc"]).T), "hidden_norm.weight": a(p["hidden_norm"]),
+         "norm.weight": a(p["final_norm"])}
+    names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
+             "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+    for i, lp in enumerate(p["layers"]):
+        pre = f"layers.{i}."
+        t.update({pre + names[k] + ".weight": a(np.asarray(lp[k]).T) for k in names})
+        t.update({pre + "self_attn.q_norm.weight": a(lp["q_norm"]), pre + "self_attn.k_norm.weight": a(lp["k_norm"]),
+                  pre + "input_layernorm.weight": a(lp["attn_norm"]),
+                  pre + "post_attention_layernorm.weight": a(lp["mlp_norm"])})
+    write_checkpoint(path, t, config)

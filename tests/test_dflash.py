@@ -121,3 +121,24 @@ def test_training_blocks_are_what_the_drafter_proposes():
     assert losses[-1] < 0.7 * losses[0]
     hits, counts, chain_hits, chains = dflash_accuracy(params, target.params, target.config, cfg, seq, 1, 3)
     assert counts.tolist()[0] > 0 and int(chains) > 0 and int(chain_hits[2]) <= int(chain_hits[0])
+
+
+def test_published_layout_loads_to_the_same_drafter(tmp_path):
+    from layouts import write_dflash_layout
+    target = tiny_model(0)
+    w = _weights(target)
+    mask_id = 60
+    w = dflash.DFlashWeights(w.config, dict(w.params, mask_embed=target.params["embed"][mask_id]), "random")
+    write_dflash_layout(str(tmp_path / "pub"), w, mask_id)
+    loaded = dflash.load_published(str(tmp_path / "pub"), target)
+    assert loaded.config == w.config
+    for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(w.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    cfg = SpecConfig(method="dflash", num_speculative_tokens=3, max_new_tokens=12)
+    ours = specjax.generate(target, prompts, cfg, drafter=w)
+    theirs = specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "pub"))
+    assert ours.tokens == theirs.tokens and ours.stats["accept_hist"] == theirs.stats["accept_hist"]
+    write_dflash_layout(str(tmp_path / "bad"), w, 99)              # a mask token the target does not have
+    with pytest.raises(ValueError, match="embeds mask token 99, outside the target's vocabulary of 61"):
+        specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "bad"))
