@@ -168,7 +168,7 @@ def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greed
 
 
 def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_train: int = 4096,
-               num_heldout: int = 256, max_prompt_tokens: int = 384, new_tokens: int = 256,
+               num_heldout: int = 256, max_prompt_tokens: int = 384, new_tokens: int = 192,
                greedy_fraction: float = 0.5, batch: int = 128, seed: int = 0, log=print) -> dict:
     """Build (or extend, or reuse) the chat dataset of a chat target (a name or path load_model takes) ->
     {"train": {...}, "heldout": {...}, "meta": dict, "dir"} with the arrays generate_chat_split returns."""
