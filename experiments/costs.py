@@ -74,10 +74,9 @@ def _per_call_seconds(one_call, args, inner: int, reps: int, budget_s: float | N
     return fastest_seconds(lambda: looped(*args).block_until_ready(), reps, budget_s=budget_s) / inner
 
 
-def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
-                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
-    """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
-    the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
+def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int | None = None, inner: int = 16):
+    """(fn, params, cache): fn(params, cache) runs `inner` cached target forwards over T new positions after
+    `context` tokens of history, chained in one compiled loop; it donates the cache (pass a fresh copy each call)."""
     cfg = model.config
     size = max(context + T + 1, cache_size or 0)
     cache = KVCache.init(cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim).replace(
@@ -94,9 +93,16 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
     # The cache is carried, as in the decode loop, so its writes update it in place; a loop-invariant cache would
     # be copied whole by every write and the copy counted as forward time. It is donated as the loop's state is:
     # otherwise every call copies it into the loop's carry first (returned, so that the carry can live in it).
-    looped = jax.jit(run, donate_argnums=1)
+    return jax.jit(run, donate_argnums=1), model.params, cache
+
+
+def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
+                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
+    """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
+    the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
+    looped, params, cache = looped_forward(model, context, T, batch, cache_size, inner)
     fresh_cache = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
-    return fastest_seconds(lambda c: jax.block_until_ready(looped(model.params, c)), reps, fresh_cache,
+    return fastest_seconds(lambda c: jax.block_until_ready(looped(params, c)), reps, fresh_cache,
                            budget_s) / inner
 
 

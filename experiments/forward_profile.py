@@ -28,11 +28,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from absl import app, flags
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 import specjax
-from specjax.cache import KVCache
-from specjax.models.llama import forward
 from experiments import costs
 from experiments.tables import text_table, write_table
 
@@ -49,31 +46,16 @@ MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fu
 INNER = 8
 
 
-def looped_forward(model, T: int, batch: int, context: int):
-    """(compiled fn, its arguments): INNER forwards chained in one loop, as experiments.costs times them."""
-    cfg = model.config
-    cache = KVCache.init(cfg.num_layers, batch, context + T + 1, cfg.num_kv_heads, cfg.head_dim).replace(
-        lengths=jnp.full((batch,), context, jnp.int32))
-
-    def run(params, cache):
-        def step(i, carry):
-            acc, cache = carry
-            toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
-            out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache)
-            return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
-        return lax.fori_loop(0, INNER, step, (jnp.float32(0), cache))
-    return jax.jit(run), (model.params, cache)
-
-
 def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[str, tuple[float, float]]:
     """{operation kind: (thread ms per forward, executions per forward)} from a profile of `calls` calls."""
-    fn, args = looped_forward(model, T, batch, context)
-    jax.block_until_ready(fn(*args))
+    fn, params, cache = costs.looped_forward(model, context, T, batch, inner=INNER)
+    fresh = lambda: jax.tree.map(jnp.copy, cache)               # the loop donates its cache
+    jax.block_until_ready(fn(params, fresh()))
     where = tempfile.mkdtemp(prefix="forward_profile_")
     try:
         with jax.profiler.trace(where):
             for _ in range(calls):
-                jax.block_until_ready(fn(*args))
+                jax.block_until_ready(fn(params, fresh()))
         data = jax.profiler.ProfileData.from_file(glob.glob(f"{where}/**/*.xplane.pb", recursive=True)[0])
         ns, count = collections.Counter(), collections.Counter()
         for plane in data.planes:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax.trees import Tree, TreeSpec, build_dynamic_tree, expand_frontier, tree_from_spec
+from specjax.trees import Tree, TreeSpec, build_dynamic_tree, expand_frontier, mask_from_parents, tree_from_spec
 
 NodeLogits = Callable[[Any, jax.Array, jax.Array, np.ndarray], tuple[jax.Array, Any]]
 
@@ -94,6 +94,25 @@ def search(tree: TreeSpec | None, num_steps: int, topk: int, num_nodes: int, roo
     if tree is not None:
         return static_tree(tree, root, root_logits, node_logits, state)
     return dynamic_tree(root, root_logits, node_logits, num_steps, topk, num_nodes, state)
+
+
+def search_by_rerun(tree: TreeSpec | None, num_steps: int, topk: int, num_nodes: int, root: jax.Array,
+                    root_logits: jax.Array, run: Callable[[jax.Array, np.ndarray, jax.Array], jax.Array]) -> Tree:
+    """search() for a drafter that re-runs one forward over the whole partial tree at each depth (nothing of it
+    committed): run(tokens [B, n] of every node fed so far, their depths below the root's children [n] (the
+    root's children are at 0), their ancestor mask [B, n, n]) -> logits [B, n, V]."""
+    B = root.shape[0]
+    block = (jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32), np.zeros(0, np.int32))
+
+    def node_logits(block, tokens, parents, depths):
+        toks, pars, deps = block
+        toks, pars = jnp.concatenate([toks, tokens], 1), jnp.concatenate([pars, parents], 1)
+        deps = np.concatenate([deps, depths])
+        logits = run(toks, deps - 1, mask_from_parents(pars))
+        return logits[:, -tokens.shape[1]:], (toks, pars, deps)
+
+    found, _ = search(tree, num_steps, topk, num_nodes, root, root_logits, node_logits, block)
+    return found
 
 
 def max_dynamic_nodes(num_steps: int, topk: int) -> int:

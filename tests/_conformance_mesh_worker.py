@@ -4,8 +4,9 @@ object of tokens and stats. (Each factory's single-device greedy output is plain
 greedy matrix checks that, so comparing with plain saves a compile per factory.)
 
 Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model, ngram,
-predicted, medusa, eagle (eagle, eagle3), suffix (its global cache on the mesh), lookahead, mtp (mtp, mtp_heads),
-pard -- and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the
+predicted, medusa (shared and target_head projections), eagle (eagle, eagle3), suffix (its global cache on
+the mesh), lookahead, mtp (mtp, mtp_heads), pard, layer_skip (drafting over the target's sharded cache), dflash --
+and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the
 way: saved as a drafter artifact and passed as a directory, so the artifact convention is exercised on the mesh
 too."""
 from __future__ import annotations

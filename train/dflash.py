@@ -70,8 +70,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
-        tots, idx = self_distill.heldout_counts(count, params, heldout, n_greedy, n, max_tokens)
-        return {**self_distill.chain_metrics(tots, n), "heldout_rows": int(len(idx))}
+        return self_distill.chain_eval(count, params, heldout, n_greedy, n, max_tokens)
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)

@@ -57,9 +57,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     accuracy = jax.jit(lambda p, frozen, r: mtp_accuracy(p, frozen, tcfg, cfg, r, prompt_len))
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
-        tots, idx = self_distill.heldout_counts(lambda p, r: accuracy(p, target.params, jnp.asarray(r)), params,
-                                                heldout, n_greedy, D, max_tokens)
-        return {**self_distill.chain_metrics(tots, D), "heldout_rows": int(len(idx))}
+        count = lambda p, r: accuracy(p, target.params, jnp.asarray(r))
+        return self_distill.chain_eval(count, params, heldout, n_greedy, D, max_tokens)
 
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)

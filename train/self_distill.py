@@ -299,6 +299,12 @@ def heldout_counts(count, params, heldout: np.ndarray, n_greedy: int, width: int
     return tots, idx
 
 
+def chain_eval(count, params, heldout, n_greedy: int, width: int, max_tokens: int | None) -> dict:
+    """A chain drafter recipe's held-out report: heldout_counts, then chain_metrics, and the rows used."""
+    tots, idx = heldout_counts(count, params, heldout, n_greedy, width, max_tokens)
+    return {**chain_metrics(tots, width), "heldout_rows": int(len(idx))}
+
+
 def chain_metrics(tots: dict, width: int) -> dict:
     """heldout_counts' totals -> per-position top-1 agreement (heldout_acc<i>), chain agreement (heldout_chain<i>:
     positions 0..i all agree) and the expected accepted length of a width-token chain, over all rows and per part

@@ -18,7 +18,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from specjax import tree_search
@@ -30,7 +29,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.llama import forward, kv_heads
 from specjax.models.model import Model, load_model
 from specjax.sampling import SamplingParams, probabilities, sample
-from specjax.trees import TreeSpec, mask_from_parents
+from specjax.trees import TreeSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,21 +108,10 @@ class DraftModelDrafter:
     def _propose_tree(self, params, cache: KVCache, ctx: Context) -> tuple[Draft, KVCache]:
         cache, root_logits = self._catch_up(params, cache, ctx, self.tree_depth + 1)
         root = last_tokens(ctx, 1)[:, 0]
-        B = root.shape[0]
-        # The search's state: every node fed so far (tokens, in-block parents, depths); each call re-runs the
-        # draft model over the whole partial tree with its mask, nothing is written to the committed cache.
-        block = (jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32), np.zeros(0, np.int32))
-
-        def node_logits(block, tokens, parents, depths):
-            toks, pars, deps = block
-            toks, pars = jnp.concatenate([toks, tokens], 1), jnp.concatenate([pars, parents], 1)
-            deps = np.concatenate([deps, depths])
-            out = forward(params, self.config, toks, cache, depths=deps - 1, mask=mask_from_parents(pars),
-                          implementation=self.implementation)
-            return out.logits[:, -tokens.shape[1]:], (toks, pars, deps)
-
-        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.k + 1, root, root_logits,
-                                     node_logits, block)
+        # each depth re-runs the draft model over the whole partial tree with its mask; nothing is committed
+        run = lambda toks, depths, mask: forward(params, self.config, toks, cache, depths=depths, mask=mask,
+                                                 implementation=self.implementation).logits
+        tree = tree_search.search_by_rerun(self.tree, self.num_steps, self.topk, self.k + 1, root, root_logits, run)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 
     def _catch_up(self, params, cache: KVCache, ctx: Context, width: int) -> tuple[KVCache, jax.Array]:

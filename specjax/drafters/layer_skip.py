@@ -15,8 +15,8 @@ every committed token (the cache entries the verify passes wrote) and to the ski
 drafted before it in this step, which it writes at the slots the verify pass then overwrites
 (specjax.drafters.base: shares_target_cache). So the context is the full model's, as in the papers; there is no
 draft prefill and no draft cache. Chains and token trees (static, or a dynamic EAGLE-2 tree whose frontier fits
-the slots a verify pass reserves); its cost per drafted token is about (kept layers + LM head) / (all layers + LM head) of a
-target step.
+the slots a verify pass reserves); its cost per drafted token is about (kept layers + LM head) / (all layers + LM
+head) of a target step.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.llama import forward
 from specjax.models.model import Model
 from specjax.sampling import SamplingParams
-from specjax.trees import TreeSpec, mask_from_parents
+from specjax.trees import TreeSpec
 
 KIND = "layer_skip"
 
@@ -115,19 +115,10 @@ class LayerSkipDrafter:
         root = last_tokens(ctx, 1)                                                     # [B, 1]
         out = self._forward(ctx, root, cache)
         cache = out.cache.replace(lengths=cache.lengths + 1)                           # the root written
-        B = root.shape[0]
-        block = (jnp.zeros((B, 0), jnp.int32), jnp.zeros((B, 0), jnp.int32), np.zeros(0, np.int32))
-
-        # Each depth re-runs the skip path over the whole partial tree (its mask), written after the root.
-        def node_logits(block, tokens, parents, depths):
-            toks, pars, deps = block
-            toks, pars = jnp.concatenate([toks, tokens], 1), jnp.concatenate([pars, parents], 1)
-            deps = np.concatenate([deps, depths])
-            o = self._forward(ctx, toks, cache, depths=deps - 1, mask=mask_from_parents(pars))
-            return o.logits[:, -tokens.shape[1]:], (toks, pars, deps)
-
-        tree, _ = tree_search.search(self.tree, self.num_steps, self.topk, self.k + 1, root[:, 0],
-                                     out.logits[:, -1], node_logits, block)
+        # each depth re-runs the skip path over the whole partial tree (its mask), written after the root
+        run = lambda toks, depths, mask: self._forward(ctx, toks, cache, depths=depths, mask=mask).logits
+        tree = tree_search.search_by_rerun(self.tree, self.num_steps, self.topk, self.k + 1, root[:, 0],
+                                           out.logits[:, -1], run)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 
     def commit(self, params, state, ctx, num_accepted, target_out, verified):
