@@ -14,8 +14,9 @@ def _generate(target, prompts, drafter=None, **opts):
     return specjax.generate(target, prompts, cfg, drafter=drafter)
 
 
-def test_default_rule_keeps_first_and_last_layers():
-    assert layer_skip.default_skip_layers(30) == tuple(range(1, 29, 2))
+def test_default_rule_skips_a_middle_fifth():
+    assert layer_skip.default_skip_layers(30) == (12, 13, 14, 15, 16, 17)
+    assert layer_skip.default_skip_layers(4) == (1,)
     assert layer_skip.default_skip_layers(2) == ()
 
 
