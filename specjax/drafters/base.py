@@ -13,9 +13,9 @@ Target exposure: a drafter declares, as static attributes, what it reads of the 
     share them); they arrive in `ctx.target_weights`. Default (): an empty dict.
   shares_target_cache (optional, default False): propose gets the target's KV cache as `ctx.target_cache`
     (lengths = committed tokens - 1: everything but the last committed token) and returns (Draft, state, cache):
-    that cache, in which it may have written entries at slots from ctx.length - 1 on, at most as many as the verify
-    pass then feeds (k + 1, or the tree's nodes), which overwrites them. Writing in place into the loop's cache
-    costs nothing; a copy of it per step would (self-speculation by layer skipping drafts over it).
+    that cache, in which it may have written entries at slots ctx.length - 1 .. ctx.length + k (the verify pass
+    overwrites every one of them that becomes committed; the buffer reserves them all). Writing in place into the
+    loop's cache costs nothing; a copy of it per step would (self-speculation by layer skipping drafts over it).
 How a drafter is built from a config and what it is registered under: specjax.drafters.registry.
 """
 from __future__ import annotations
