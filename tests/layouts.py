@@ -15,11 +15,11 @@ from specjax.models import Model
 
 
 def eagle_published_state_dict(w: eagle.EagleWeights, target: Model, layout: str) -> tuple[dict, dict]:
-    """Our EAGLE weights in a published layout ("eagle1", "eagle3", "speculators"): (state dict in torch's [out, in]
+    """Our EAGLE weights in a published layout ("eagle1", "eagle3", "eagle3.1", "speculators"): (state dict in torch's [out, in]
     convention, config.json)."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), w.params)
     lp, c = p["layer"], w.config.layer
-    pfx = {"eagle1": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}[layout]
+    pfx = {"eagle1": "layers.0.", "eagle3": "midlayer.", "eagle3.1": "midlayer.", "speculators": "layers.0."}[layout]
     sd = {pfx + "self_attn.q_proj.weight": lp["wq"].T, pfx + "self_attn.k_proj.weight": lp["wk"].T,
           pfx + "self_attn.v_proj.weight": lp["wv"].T, pfx + "self_attn.o_proj.weight": lp["wo"].T,
           pfx + "post_attention_layernorm.weight": lp["mlp_norm"], pfx + "mlp.gate_proj.weight": lp["w_gate"].T,
@@ -38,9 +38,13 @@ def eagle_published_state_dict(w: eagle.EagleWeights, target: Model, layout: str
                "t2d": eagle.t2d_from_d2t(w.d2t, c.vocab_size)})
     sd = {k: np.ascontiguousarray(v) for k, v in sd.items()}
     ids = [i + 1 for i in w.config.target_layers]
-    if layout == "eagle3":
-        return sd, dict(llama, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=w.config.draft_vocab_size,
-                        eagle_aux_hidden_state_layer_ids=ids)
+    if layout in ("eagle3", "eagle3.1"):
+        hf = dict(llama, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=w.config.draft_vocab_size,
+                  eagle_aux_hidden_state_layer_ids=ids)
+        if layout == "eagle3.1":                 # vLLM's EAGLE-3.1 switches and per-feature norms
+            sd.update({f"fc_norm.{i}.weight": np.ascontiguousarray(a) for i, a in enumerate(p["fc_norm"])})
+            hf.update(fc_norm=True, norm_output=True)
+        return sd, hf
     return sd, {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
                 "transformer_layer_config": llama, "draft_vocab_size": w.config.draft_vocab_size,
                 "target_hidden_size": target.config.hidden_size, "norm_before_residual": False,

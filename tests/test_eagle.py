@@ -8,6 +8,7 @@ layer only adds noise, so the drafter's logits are (nearly) the target's own log
 i.e. it mostly proposes the last committed token again. The greedy outputs of the tiny target repeat tokens
 often, so some drafts are accepted and others rejected.
 """
+import dataclasses
 import json
 
 import jax
@@ -21,7 +22,7 @@ from specjax.drafters.registry import BuildRequest, build as build_drafter
 from specjax.cache import KVCache
 from specjax.drafters import eagle
 from specjax.drafters.base import Context, target_weight
-from specjax.models.llama import forward
+from specjax.models.llama import forward, rms_norm
 from specjax.sampling import SamplingParams
 from drafter_weights import EAGLE3_LAYERS, informative_eagle
 from layouts import eagle_published_state_dict, write_checkpoint
@@ -156,10 +157,12 @@ def test_ttt_mask_matches_direct_construction():
     assert eagle.ttt_mask(T, 1).tolist() == np.tril(np.ones((T, T), bool)).tolist()
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3.1"])
 def test_ttt_step0_is_the_plain_forward(target, kind):
-    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": 30}
-                                              if kind == "eagle3" else {}))
+    v31 = kind == "eagle3.1"
+    kind = "eagle3" if v31 else kind
+    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": 30,
+                                               "fc_norm": v31, "norm_output": v31} if kind == "eagle3" else {}))
     p = eagle.init_params(jax.random.PRNGKey(1), cfg, std=0.3)
     B, T, H = 2, 7, target.config.hidden_size
     toks = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, target.config.vocab_size)
@@ -174,12 +177,38 @@ def test_ttt_step0_is_the_plain_forward(target, kind):
     toks1 = jnp.concatenate([toks[:, :t + 1], toks[:, t + 1:t + 2]], 1)
     if kind == "eagle3":                     # feed already projected hidden inputs through an identity fc
         fe, p = eagle.project_features(p, cfg, feats), dict(p, fc_w=jnp.eye(H))
-        cfg = eagle.EagleConfig("eagle3", cfg.layer, H, (0,), 30)
+        cfg = eagle.EagleConfig("eagle3", cfg.layer, H, (0,), 30, norm_output=cfg.norm_output)
     else:
         fe = feats
     h1, _ = eagle.forward_sequence(p, cfg, toks1, jnp.concatenate([fe[:, :t + 1], h[:, t:t + 1]], 1),
                                    target_weights(target))
     np.testing.assert_allclose(hs[1][:, t], h1[:, t + 1], rtol=1e-4, atol=1e-5)
+
+
+def test_eagle31_feeds_back_the_post_norm_state_and_norms_each_feature(target):
+    """EAGLE-3.1's two switches against EAGLE-3 on the same weights: norm_output's hidden (the next step's input)
+    is final_norm of EAGLE-3's pre-norm output, with the same logits; fc_norm equals EAGLE-3 fed pre-normed
+    features."""
+    w3, w31 = random_weights(target, "eagle3"), random_weights(target, "eagle3.1")
+    tokens, feats = _sequence_inputs(target, w3)
+    eps = w3.config.layer.rms_norm_eps
+    out_only = dataclasses.replace(w3.config, norm_output=True)
+    h, lg = eagle.forward_sequence(w3.params, w3.config, tokens, feats, target_weights(target))
+    h_post, lg_post = eagle.forward_sequence(w3.params, out_only, tokens, feats, target_weights(target))
+    np.testing.assert_allclose(h_post, rms_norm(h, w3.params["final_norm"], eps), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lg_post, lg, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(h_post, h, atol=1e-2)
+    normed = jnp.concatenate([rms_norm(f, w, eps) for f, w in zip(jnp.split(feats, 3, -1), w31.params["fc_norm"])],
+                             -1)
+    plain = dict(w31.params)
+    del plain["fc_norm"]
+    want = eagle.forward_sequence(plain, dataclasses.replace(w31.config, fc_norm=False), tokens, normed,
+                                  target_weights(target))
+    got = eagle.forward_sequence(w31.params, w31.config, tokens, feats, target_weights(target))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="EAGLE-3 settings"):
+        eagle.eagle_config(target, "eagle", fc_norm=True)
 
 
 def test_defaults_and_vocab_helpers():
@@ -259,6 +288,9 @@ def reference_logits(sd, hf, tokens, feats, target):
     f = np.asarray(feats, np.float64)
     if "midlayer.hidden_norm.weight" in sd or "layers.0.hidden_norm.weight" in sd:
         pfx = "midlayer." if "midlayer.hidden_norm.weight" in sd else "layers.0."
+        if "fc_norm.0.weight" in sd:                         # EAGLE-3.1: each fused feature normed first
+            chunks = np.split(f, len([k for k in sd if k.startswith("fc_norm.")]), -1)
+            f = np.concatenate([_np_rms(c, sd[f"fc_norm.{i}.weight"], eps) for i, c in enumerate(chunks)], -1)
         g = f @ sd["fc.weight"].T
         x_in = np.concatenate([_np_rms(e, sd[pfx + "input_layernorm.weight"], eps),
                                _np_rms(g, sd[pfx + "hidden_norm.weight"], eps)], -1)
@@ -272,9 +304,14 @@ def reference_logits(sd, hf, tokens, feats, target):
 
 
 def random_weights(target, kind, seed=4, draft_vocab=40):
-    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": draft_vocab}
-                                              if kind == "eagle3" else {}))
+    """kind "eagle", "eagle3" or "eagle3.1" (EAGLE-3 with fc_norm and norm_output)."""
+    v31 = kind == "eagle3.1"
+    kind = "eagle3" if v31 else kind
+    cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": draft_vocab,
+                                               "fc_norm": v31, "norm_output": v31} if kind == "eagle3" else {}))
     p = eagle.init_params(jax.random.PRNGKey(seed), cfg, std=0.3)
+    if v31:
+        p["fc_norm"] = 1 + 0.2 * jax.random.normal(jax.random.PRNGKey(seed + 2), p["fc_norm"].shape)
     p["layer"] = dict(p["layer"], mlp_norm=1 + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), (32,)))
     d2t = None
     if kind == "eagle3":
@@ -290,10 +327,10 @@ def _sequence_inputs(target, w, T=9, seed=5):
     return ids[:, 1:], feats
 
 
-@pytest.mark.parametrize("layout", ["eagle1", "eagle1_bin", "eagle3", "speculators"])
+@pytest.mark.parametrize("layout", ["eagle1", "eagle1_bin", "eagle3", "eagle3.1", "speculators"])
 def test_published_layouts_give_our_logits(tmp_path, target, layout):
     kind = "eagle" if layout.startswith("eagle1") else "eagle3"
-    ours = random_weights(target, kind)
+    ours = random_weights(target, "eagle3.1" if layout == "eagle3.1" else kind)
     sd, hf = eagle_published_state_dict(ours, target, layout.replace("_bin", ""))
     write_checkpoint(str(tmp_path / layout), sd, hf, torch_bin=layout.endswith("_bin"))
     loaded = eagle.load(str(tmp_path / layout), target, kind)
@@ -319,26 +356,28 @@ def test_published_eagle3_without_layer_ids_uses_the_reference_default(tmp_path)
 
 
 def test_export_import_round_trip(tmp_path, target):
-    for kind in ("eagle3", "eagle"):
-        w = random_weights(target, kind)
-        eagle.export_published(str(tmp_path / kind), w)
-        with open(tmp_path / kind / "config.json") as f:
+    for name in ("eagle3", "eagle3.1", "eagle"):
+        w = random_weights(target, name)
+        kind = w.kind
+        eagle.export_published(str(tmp_path / name), w)
+        with open(tmp_path / name / "config.json") as f:
             hf = json.load(f)
         if kind == "eagle3":
             assert hf["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in EAGLE3_LAYERS]
             assert hf["draft_vocab_size"] == 40
-        back = eagle.load(str(tmp_path / kind), target, kind)
+            assert hf.get("fc_norm", False) == hf.get("norm_output", False) == (name == "eagle3.1")
+        back = eagle.load(str(tmp_path / name), target, kind)
         assert back.config == w.config
         for a, b in zip(jax.tree_util.tree_leaves(back.params), jax.tree_util.tree_leaves(w.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         if kind == "eagle3":
             np.testing.assert_array_equal(back.d2t, w.d2t)
     # our artifact (the training recipes' format), float32 exact and bfloat16
-    for kind in ("eagle", "eagle3"):
-        w = random_weights(target, kind)
-        eagle.save(str(tmp_path / f"ours-{kind}"), w, target, "# test\n", dtype="float32")
-        back = eagle.load(str(tmp_path / f"ours-{kind}"), target)
-        assert back.config == w.config and back.kind == kind
+    for name in ("eagle", "eagle3.1", "eagle3"):
+        w = random_weights(target, name)
+        eagle.save(str(tmp_path / f"ours-{name}"), w, target, "# test\n", dtype="float32")
+        back = eagle.load(str(tmp_path / f"ours-{name}"), target)
+        assert back.config == w.config and back.kind == w.kind
         for a, b in zip(jax.tree_util.tree_leaves(back.params), jax.tree_util.tree_leaves(w.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     eagle.save(str(tmp_path / "bf16"), w, target, "# test\n")

@@ -287,6 +287,15 @@ class LabeledRows(NamedTuple):
         return LabeledRows(self.tokens[idx], self.first_label[idx], self.label_end[idx])
 
 
+class FeatureRows(NamedTuple):
+    """A batch of rows with the frozen target's features over them (train.features.FeatureBatches), which a
+    drafter loss reads instead of running the target (train.losses.common.target_features)."""
+    rows: LabeledRows                  # tokens [B, W] and label spans
+    hidden: np.ndarray                 # [B, W, H] float32 final normed hidden state (zeros past each row's length)
+    top: np.ndarray                    # [B, W] int32 the target's argmax token at each position
+    layers: dict                       # decoder layer -> [B, W, H] float32 (its output)
+
+
 def label_tokens(rows, first_label: int = 0) -> np.ndarray:
     """Every label token of rows (LabeledRows: inside each row's span; a plain [N, R] array: columns first_label
     on), flat."""
@@ -317,8 +326,8 @@ class RowBatches:
         self.seq_len = rows.shape[1] - 1
         self._perm: dict[int, np.ndarray] = {}
 
-    def batch(self, step: int):
-        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
+    def indices(self, step: int) -> np.ndarray:
+        """The row indices of batch `step`."""
         n = len(self.rows)
         idx = []
         for k in range(step * self.batch_size, (step + 1) * self.batch_size):
@@ -326,6 +335,11 @@ class RowBatches:
             if e not in self._perm:
                 self._perm = {e: np.random.default_rng([self.seed, e]).permutation(n)}
             idx.append(int(self._perm[e][k % n]))
+        return np.asarray(idx)
+
+    def batch(self, step: int):
+        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
+        idx = self.indices(step)
         tokens = np.asarray(self.rows[idx], np.int32)
         if self.spans is None:
             return tokens

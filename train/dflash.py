@@ -60,6 +60,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     bad = [l for l in cfg.target_layers if not 0 <= l < tcfg.num_layers]
     if bad:
         raise ValueError(f"--target_layers {bad} out of range: the target has {tcfg.num_layers} decoder layers")
+    batches = skeleton.feature_batches(run, batches, cfg.target_layers)
     params = dflash.init_params(jax.random.PRNGKey(F.seed), cfg)
     params["mask_embed"] = jnp.mean(jnp.asarray(target.params["embed"], jnp.float32), 0)
     params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
@@ -97,7 +98,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 
 RECIPE = skeleton.Recipe(
-    "dflash", build, frozen_target="checkpoints/stdlib-target",
+    "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True,
     run_flags=("block_size", "draft_layers", "target_layers", "anchors_per_row", "position_decay", "num_train",
                "data"),
     curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_acc0"),

@@ -5,7 +5,8 @@
 
 Data: self-distillation rows (train.self_distill: 64 corpus prompt tokens + 192 tokens the target generated, half
 greedy, half at temperature 1); only target-generated tokens are labels. The frozen target runs over every batch
-(its features are recomputed, not cached: a few MB of weights against [B, 256, H] features per row).
+(its features are recomputed every step; --feature_cache computes them once for the training rows, train.features:
+worth it on a real target, whose forward costs several drafter steps).
 
 EAGLE-1 (specjax.drafters.eagle kind "eagle"): fc(concat(embed(x_{t+1}), f_t)) + one decoder layer regressing the
 target's final normed hidden state f_{t+1}, drafting through the target's LM head. Loss
@@ -19,8 +20,8 @@ EAGLE-3 (kind "eagle3"): fc fuses three target layers (--target_layers, default 
 reduced draft vocabulary of --draft_vocab_size tokens (the most frequent target-generated tokens of the training
 rows, eagle.vocab_map_from_counts), training-time test over --ttt_steps=7 steps weighted 0.8^i, soft CE against the
 target's distribution restricted to the draft vocabulary, masked where the target's top token is outside it; no
-feature regression, no noise. Init (--warm_start): fc = identity on the highest fused layer, final norm = the
-target's, lm_head = the target's LM head columns of the draft vocabulary.
+feature regression, no noise. Init (--warm_start): final norm = the target's, lm_head = the target's LM head
+columns of the draft vocabulary, and (--fc_identity, the default) fc = identity on the highest fused layer.
 
 Held-out metric (eagle_accuracy, every eval and in the MANIFEST): the drafter unrolled --eval_steps steps on
 its own features over held-out continuations; per step the top-1 agreement with the target's argmax
@@ -62,6 +63,12 @@ flags.DEFINE_integer("draft_heads", None, "drafter query heads (default: the tar
 flags.DEFINE_integer("draft_kv_heads", None, "drafter key/value heads (default: the target's)")
 flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identity on the feature half; EAGLE-3: fc "
                   "identity on the top fused layer, the target's final norm and LM head columns)")
+flags.DEFINE_bool("fc_norm", False, "EAGLE-3.1: an RMSNorm of its own on each fused target feature before fc")
+flags.DEFINE_bool("norm_output", False, "EAGLE-3.1: feed the post-norm layer output to lm_head and to the next "
+                  "draft step (EAGLE-3 feeds back the pre-norm state)")
+flags.DEFINE_bool("fc_identity", True, "--warm_start: also start fc as the identity on the feature half (EAGLE-1) or "
+                  "on the top fused layer (EAGLE-3), so a fresh drafter proposes what the target predicted one "
+                  "position earlier; --nofc_identity starts fc at N(0, 0.02) (the EAGLE-3 reference's init)")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
@@ -72,7 +79,7 @@ flags.DEFINE_bool("export_published", False, "also write the weights in the publ
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
-             "num_train", "data")
+             "fc_identity", "fc_norm", "norm_output", "num_train", "data")
 DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
 DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
 DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
@@ -107,15 +114,18 @@ def drafter_config(F, target) -> eagle.EagleConfig:
     kw = dict(hidden_size=F.draft_hidden, intermediate_size=F.draft_intermediate, num_heads=F.draft_heads,
               num_kv_heads=F.draft_kv_heads)
     if F.kind == "eagle":
-        if layers is not None:
-            raise ValueError("--target_layers is an EAGLE-3 setting (EAGLE-1 reads the final hidden state)")
+        if layers is not None or F.fc_norm or F.norm_output:
+            raise ValueError("--target_layers, --fc_norm and --norm_output are EAGLE-3 settings (EAGLE-1 reads the "
+                             "final hidden state)")
         return eagle.eagle_config(target, "eagle", **kw)
-    return eagle.eagle_config(target, "eagle3", target_layers=layers, draft_vocab_size=F.draft_vocab_size, **kw)
+    return eagle.eagle_config(target, "eagle3", target_layers=layers, draft_vocab_size=F.draft_vocab_size,
+                              fc_norm=F.fc_norm, norm_output=F.norm_output, **kw)
 
 
 def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
-    """N(0, 0.02) params (eagle.init_params); with --warm_start the EAGLE-1 fc passes the feature through and the
-    EAGLE-3 fc passes the highest fused layer through into the target's own final norm and LM head columns."""
+    """N(0, 0.02) params (eagle.init_params); with --warm_start the EAGLE-3 drafter gets the target's own final norm
+    and LM head columns, and (--fc_identity) the EAGLE-1 fc passes the feature through, the EAGLE-3 fc the highest
+    fused layer."""
     tc = target.config
     H = cfg.hidden_size
     own_embed = H != tc.hidden_size                         # EAGLE-3 narrower than the target: its own embedding
@@ -126,14 +136,23 @@ def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
         raise ValueError(f"--warm_start copies the target's {tc.hidden_size}-wide weights; the drafter is {H} wide "
                          "(pass --nowarm_start)")
     if cfg.kind == "eagle":
-        params["fc_w"] = params["fc_w"].at[H:].add(jnp.eye(H, dtype=params["fc_w"].dtype))
+        if F.fc_identity:
+            params["fc_w"] = params["fc_w"].at[H:].add(jnp.eye(H, dtype=params["fc_w"].dtype))
     else:
         top = cfg.target_layers.index(max(cfg.target_layers))
-        params["fc_w"] = params["fc_w"].at[top * tc.hidden_size:(top + 1) * tc.hidden_size].add(jnp.eye(H))
+        if F.fc_identity:
+            params["fc_w"] = params["fc_w"].at[top * tc.hidden_size:(top + 1) * tc.hidden_size].add(jnp.eye(H))
         params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
         params["lm_head"] = jnp.asarray(target_weight(target.params, "lm_head"), jnp.float32)[
             :, eagle.draft_to_target(d2t)]
     return params
+
+
+def variant_name(cfg: eagle.EagleConfig) -> str:
+    if cfg.kind == "eagle":
+        return "EAGLE-1"
+    opts = [n for n in ("fc_norm", "norm_output") if getattr(cfg, n)]
+    return "EAGLE-3.1" if len(opts) == 2 else "EAGLE-3" + (f" (+{opts[0]})" if opts else "")
 
 
 def coverage(rows, first: int, d2t, vocab_size: int) -> float:
@@ -157,6 +176,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
         cov = {"train": coverage(rows, prompt_len, d2t, tcfg.vocab_size),
                "heldout": coverage(heldout, prompt_len, d2t, tcfg.vocab_size)}
+    batches = skeleton.feature_batches(run, batches, cfg.target_layers if is3 else ())
     params = init_drafter(F, target, cfg, d2t)
     loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
                                    reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
@@ -205,7 +225,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                           "engines that load those." if F.export_published else
                           f"eagle.export_published writes them in the {layout} layout for engines that load those.")
         notes = NOTES.format(
-            variant="EAGLE-3" if is3 else "EAGLE-1", target=F.target, H=c.hidden_size, heads=c.num_heads,
+            variant=variant_name(cfg), target=F.target, H=c.hidden_size, heads=c.num_heads,
             kv_heads=c.num_kv_heads, I=c.intermediate_size, n_params=n_params,
             own="" if "embed" not in params else ", own embedding", rows=len(batches.rows), loss=loss, vocab=vocab,
             eval_rows=record.get("heldout_rows"), n=n,
@@ -221,7 +241,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         if F.export_published:
             eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
         fields = dict(self_distillation=ds["meta"], drafter_config=cfg.to_dict(), drafter_params=n_params,
-                      ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start,
+                      ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start, fc_identity=F.fc_identity,
                       eval_steps=n, published_dir="published" if F.export_published else None)
         if is3:
             fields.update(draft_vocab_size=cfg.draft_vocab_size, vocab_coverage=cov,
@@ -232,7 +252,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
     return skeleton.Parts(
         params, loss_fn, evaluate, export, batches=batches, corpus=F.data == "corpus",
-        summary=f"{'EAGLE-3' if is3 else 'EAGLE-1'}: hidden {cfg.hidden_size}, TTT {ttt} step(s), noise {noise}"
+        summary=f"{variant_name(cfg)}: hidden {cfg.hidden_size}, TTT {ttt} step(s), noise {noise}"
                 + (f", layers {list(cfg.target_layers)}, draft vocab {cfg.draft_vocab_size} (coverage "
                    f"{cov['train']:.3f} train / {cov['heldout']:.3f} held-out)" if is3 else "")
                 + f"; self-distillation rows {batches.rows.shape}")
@@ -240,7 +260,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 def recipe(kind: str) -> skeleton.Recipe:
     return skeleton.Recipe(
-        kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS,
+        kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS, feature_cache=True,
         curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_accept_len_sampled"),
         defaults=dict(steps=DEFAULT_STEPS[kind], lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
                       eval_tokens=16384, log_every=10, ckpt_dir=f"runs/{kind}_ckpt",

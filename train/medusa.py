@@ -78,6 +78,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                          "stdlib corpus (--data=corpus)")
     ds, (prompt_len, train_rows, heldout, n_greedy), batches = self_distill.recipe_data(
         F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
+    if F.medusa2 and F.feature_cache:
+        raise ValueError("--feature_cache holds a frozen target's features; Medusa-2 trains the target")
+    batches = skeleton.feature_batches(run, batches)
     if F.init_heads:
         loaded = medusa.load_heads(F.init_heads, target)
         heads = loaded.params
@@ -167,7 +170,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 
 RECIPE = skeleton.Recipe(
-    "medusa", build, frozen_target="checkpoints/stdlib-target",
+    "medusa", build, frozen_target="checkpoints/stdlib-target", feature_cache=True,
     curve_metrics=("head0_top1", "head1_top1", "head2_top1", "head3_top1", "head0_top1_t1"),
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
                "target_lr_scale", "soft_labels", "init_heads", "num_train", "data"),

@@ -46,7 +46,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.hf_io import save_pretrained
 from specjax.models.llama import forward
 from specjax.sharding import make_mesh
-from train import data, loop
+from train import data, features, loop
 from train.losses.lm import next_token_nll
 
 # name: (absl definer, generic default, help). A recipe overrides defaults with Recipe.defaults.
@@ -127,10 +127,12 @@ class Recipe:
                                        # tokenizer is trained on the corpus with --vocab_size
     curve_metrics: Sequence[str] = ()  # periodic-eval scalars the MANIFEST's training curve shows (first: present
                                        # in every eval)
+    feature_cache: bool = False        # the recipe's loss reads the frozen target's features: it gets the
+                                       # --feature_cache flag (feature_batches)
 
     def all_run_flags(self) -> tuple[str, ...]:
         return (*SHARED_RUN_FLAGS, *(("target",) if self.frozen_target else ("vocab_size", "tokenizer")),
-                *self.run_flags)
+                *(("feature_cache",) if self.feature_cache else ()), *self.run_flags)
 
 
 def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> None:
@@ -154,6 +156,10 @@ def main(recipe: Recipe) -> None:
         define(name, default, help_)
     if recipe.frozen_target:
         flags.DEFINE_string("target", recipe.frozen_target, "frozen target checkpoint directory (HF format)")
+    if recipe.feature_cache:
+        flags.DEFINE_bool("feature_cache", False, "compute the frozen target's features over the training rows once "
+                          f"(train.features, under {features.DEFAULT_DIR}/; decoder-layer outputs in bfloat16) instead "
+                          "of running the target in every step")
     else:
         flags.DEFINE_integer("vocab_size", recipe.defaults.get("vocab_size", 4096), "BPE vocab size")
         flags.DEFINE_string("tokenizer", recipe.defaults.get("tokenizer"), "reuse this tokenizer.json (e.g. a "
@@ -240,6 +246,14 @@ def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
         return data.prepare_corpus(F.data_dir, target.config.vocab_size, F.max_files,
                                    tokenizer_path=os.path.join(target_dir, "tokenizer.json"))
     return Run(F, make_corpus, target, mesh, log)
+
+
+def feature_batches(run: Run, batches: data.RowBatches, layers: Sequence[int] = ()):
+    """A feature recipe's row batches, with the target's features (final hidden state, argmax, decoder `layers`)
+    attached from the feature cache under --feature_cache (train.features.cached_batches), else as they are."""
+    if not run.flags.feature_cache:
+        return batches
+    return features.cached_batches(run.target, batches, layers, log=run.log)
 
 
 def default_batches(run: Run):

@@ -10,13 +10,31 @@ import jax.numpy as jnp
 from specjax.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward, kv_heads
-from train.data import LabeledRows
+from train.data import FeatureRows, LabeledRows
 
 
 class TargetFeatures(NamedTuple):
-    logits: jax.Array                  # [B, T, V] float32
+    logits: jax.Array | None           # [B, T, V] float32; None when read from a feature cache (teacher_logits
+                                       # then computes what a loss asks for from hidden)
     hidden: jax.Array                  # [B, T, H] last hidden state after the final norm (what lm_head reads)
     layers: tuple[jax.Array, ...]      # the requested decoder layers' outputs [B, T, H], in the order asked
+    top: jax.Array | None = None       # [B, T] int32 the target's argmax token (cached); None: argmax of logits
+
+    def teacher_logits(self, lm_head: jax.Array, at: jax.Array | None = None,
+                       ids: jax.Array | None = None) -> jax.Array:
+        """The target's float32 logits [B, T|n, V|N]: at [B, n] picks positions first, ids (a draft vocabulary's
+        target ids [N]) picks columns. From cached features it is the final hidden state through lm_head [H, V]
+        (the target's own last step), restricted before the matmul so a loss pays only for what it reads."""
+        if self.logits is not None:
+            z = self.logits if at is None else jnp.take_along_axis(self.logits, at[..., None], axis=1)
+            return z if ids is None else z[..., ids]
+        h = self.hidden if at is None else jnp.take_along_axis(self.hidden, at[..., None], axis=1)
+        w = lm_head if ids is None else lm_head[:, ids]
+        return (h @ w.astype(h.dtype)).astype(jnp.float32)
+
+    def top_tokens(self) -> jax.Array:
+        """[B, T] the target's argmax token at each position."""
+        return self.top if self.top is not None else jnp.argmax(self.logits, -1)
 
 
 def causal_forward(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> ForwardOut:
@@ -39,6 +57,20 @@ def frozen_target_features(params: dict, cfg: ModelConfig, tokens: jax.Array,
     out = causal_forward(params, cfg, tokens, hidden_layers=unique)
     by_layer = dict(zip(unique, out.layer_hidden))
     return jax.lax.stop_gradient(TargetFeatures(out.logits, out.hidden, tuple(by_layer[i] for i in idx)))
+
+
+def target_features(batch, first_label: int, params: dict, cfg: ModelConfig,
+                    layers: Sequence[int] = ()) -> tuple[LabeledRows, TargetFeatures]:
+    """A drafter loss's batch -> (its rows as LabeledRows, the frozen target's features over them): read from the
+    batch when it carries them (train.data.FeatureRows: train.features computes them once per training set), else
+    frozen_target_features over the rows."""
+    if isinstance(batch, FeatureRows):
+        missing = [l for l in layers if l not in batch.layers]
+        if missing:
+            raise ValueError(f"the cached batch has target layers {sorted(batch.layers)}, the loss needs {missing}")
+        return batch.rows, TargetFeatures(None, batch.hidden, tuple(batch.layers[l] for l in layers), batch.top)
+    rows = labeled(batch, first_label)
+    return rows, frozen_target_features(params, cfg, rows.tokens, layers)
 
 
 def soft_ce(logits: jax.Array, probs: jax.Array) -> jax.Array:

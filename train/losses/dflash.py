@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from specjax.drafters.base import target_weight
 from specjax.drafters.dflash import DFlashConfig, block_forward, block_inputs, context_features, context_kv
 from specjax.models.config import ModelConfig
-from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, soft_ce
+from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, soft_ce, target_features
 
 
 def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, anchors: jax.Array, k: int):
@@ -44,7 +44,7 @@ def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, a
     hidden = block_forward(params, config, x, block_pos, ctx_k, ctx_v, visible)
     logits = (hidden[:, 1:] @ target_weight(target_params, "lm_head")).astype(jnp.float32)
     at = jnp.clip(anchors[..., None] + jnp.arange(k), 0, R - 1)                     # z_{a+i-1}, i = 1..k
-    teacher = jnp.take_along_axis(tf.logits, at.reshape(B, A * k)[..., None], axis=1).reshape(B, A, k, -1)
+    teacher = tf.teacher_logits(target_weight(target_params, "lm_head"), at=at.reshape(B, A * k)).reshape(B, A, k, -1)
     label_at = anchors[..., None] + jnp.arange(1, k + 1)                            # token a + i, [B, A, k]
     valid = label_mask(rows, label_at.reshape(B, A * k)).reshape(B, A, k) & (label_at < R)
     return logits.reshape(B, A, k, -1), teacher, valid
@@ -68,8 +68,7 @@ def dflash_loss_fn(target_cfg: ModelConfig, config: DFlashConfig, first_label: i
     k = block_k or config.block_size - 1
 
     def loss_fn(params, batch, rng, target_params):
-        rows = labeled(batch, first_label)
-        tf = frozen_target_features(target_params, target_cfg, rows.tokens, config.target_layers)
+        rows, tf = target_features(batch, first_label, target_params, target_cfg, config.target_layers)
         anchors = sample_anchors(rng, rows, anchors_per_row)
         logits, teacher, valid = _blocks(params, config, rows, target_params, tf, anchors, k)
         total, metrics = 0.0, {}

@@ -13,7 +13,7 @@ from specjax.drafters.base import target_weight
 from specjax.drafters.eagle import draft_to_target, forward_sequence, t2d_from_d2t, ttt_forward
 from specjax.models.config import ModelConfig
 from train.losses.common import (LabeledRows, TargetFeatures, frozen_target_features, label_mask, labeled,
-                                 masked_mean, soft_ce)
+                                 masked_mean, soft_ce, target_features)
 
 # Rows [B, R] (R = prompt + target-generated tokens). The frozen target runs over the whole row: features f_0..f_{R-1}
 # (EAGLE-1: the final normed hidden state; EAGLE-3: the outputs of config.target_layers) and logits z_0..z_{R-1}
@@ -65,16 +65,18 @@ def _unroll(params: dict, config, rows: jax.Array, feats, num_steps: int, target
 
 
 def _steps(params: dict, config, tf: TargetFeatures, rows: LabeledRows, feats, num_steps: int,
-                 target_weights: dict, draft_ids, in_vocab):
+                 target_weights: dict, lm_head: jax.Array, draft_ids, in_vocab):
     """Per-step aligned pieces: yields (i, drafter hidden [B, Ti, H], drafter logits [B, Ti, V|N], target feature
-    [B, Ti, H], target logits [B, Ti, V], label mask [B, Ti] (target-generated token; EAGLE-3: and the target's
-    top token inside the draft vocabulary), drafter top token as a target id [B, Ti], target top token [B, Ti])."""
+    [B, Ti, H], target logits [B, Ti, V|N] (EAGLE-3: at the draft vocabulary's ids), label mask [B, Ti]
+    (target-generated token; EAGLE-3: and the target's top token inside the draft vocabulary), drafter top token as
+    a target id [B, Ti], target top token [B, Ti])."""
     hidden, logits = _unroll(params, config, rows.tokens, feats, num_steps, target_weights)
+    teacher, tops = tf.teacher_logits(lm_head, ids=draft_ids), tf.top_tokens()
     T = rows.tokens.shape[1] - 1
     for i in range(num_steps):
         Ti = T - i
-        z = tf.logits[:, i + 1:]
-        top = jnp.argmax(z, -1)
+        z = teacher[:, i + 1:]
+        top = tops[:, i + 1:]
         valid = label_mask(rows, jnp.arange(Ti) + i + 2)
         lg = logits[i, :, :Ti]
         pred = jnp.argmax(lg, -1)
@@ -113,9 +115,8 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
     layers = config.target_layers if is3 else ()
 
     def loss_fn(params, batch, rng, target_params):
-        rows = labeled(batch, first_label)
+        rows, tf = target_features(batch, first_label, target_params, target_cfg, layers)
         tw = _target_weights(config, target_params)
-        tf = frozen_target_features(target_params, target_cfg, rows.tokens, layers)
         feats = _features(tf, config)
         if noise:
             if is3:
@@ -124,10 +125,11 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
             else:
                 feats = feats + jax.random.uniform(rng, feats.shape, feats.dtype, -noise, noise)
         total, metrics = 0.0, {}
+        lm_head = target_weight(target_params, "lm_head")
         for i, h, lg, f_next, z, valid, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw,
-                                                           draft_ids, in_vocab):
+                                                           lm_head, draft_ids, in_vocab):
             if is3:
-                ce = masked_mean(soft_ce(lg, jax.nn.softmax(z[..., draft_ids])), valid)
+                ce = masked_mean(soft_ce(lg, jax.nn.softmax(z)), valid)
                 step_loss = ce
                 gen = label_mask(rows, jnp.arange(valid.shape[1]) + i + 2)
                 metrics[f"in_vocab{i}"] = masked_mean(in_vocab[top], gen)
@@ -166,7 +168,8 @@ def eagle_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, c
     # a chain counts when all its n labels do: its first (t + 2) and its last (t + n + 1) inside the span
     chain_valid = label_mask(rows, jnp.arange(Tc) + 2) & label_mask(rows, jnp.arange(Tc) + num_steps + 1)
     hits, counts, chain_hits, all_ok = [], [], [], jnp.ones((B, Tc), bool)
-    for i, _, _, _, _, _, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw, draft_ids, in_vocab):
+    for i, _, _, _, _, _, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw,
+                                              target_weight(target_params, "lm_head"), draft_ids, in_vocab):
         ok = pred == top                              # EAGLE-3: a target top token outside the vocab is a miss
         valid = label_mask(rows, jnp.arange(T - i) + i + 2)
         hits.append(jnp.sum(ok & valid))

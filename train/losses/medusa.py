@@ -12,6 +12,7 @@ from specjax.drafters.medusa import head_logits
 from specjax.models.config import ModelConfig
 from specjax.drafters.base import target_weight
 from train.losses.common import (causal_forward, forward_kl, frozen_target_features, label_mask, labeled,
+                                 target_features,
                                  masked_mean, soft_ce)
 
 
@@ -65,15 +66,16 @@ def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool
     target's own distribution for each token (see medusa_terms) instead of the row's tokens."""
     def loss_fn(params, batch, rng, target_params):
         del rng
-        rows = labeled(batch, first_label)
-        inputs = rows.tokens[:, :-1]
         if not joint:
-            frozen = frozen_target_features(target_params, cfg, inputs)
-            loss, per_head, acc = medusa_terms(params, frozen.hidden, rows, decay,
-                                               frozen.logits if soft_labels else None,
-                                               target_weight(target_params, "lm_head"))
+            rows, frozen = target_features(batch, first_label, target_params, cfg)
+            lm_head = target_weight(target_params, "lm_head")
+            loss, per_head, acc = medusa_terms(params, frozen.hidden[:, :-1], rows, decay,
+                                               frozen.teacher_logits(lm_head)[:, :-1] if soft_labels else None,
+                                               lm_head)
             return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
                           **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
+        rows = labeled(batch, first_label)
+        inputs = rows.tokens[:, :-1]
         original = frozen_target_features(target_params, cfg, inputs).logits
         out = causal_forward(params["target"], cfg, inputs)
         heads_loss, per_head, acc = medusa_terms(params["heads"], out.hidden, rows, decay,

@@ -6,7 +6,8 @@ exactly, as int64/bool, in an extra `vocab_map.safetensors` beside model.safeten
 `embed_tokens.weight`; config.json a Llama config; model.safetensors or pytorch_model.bin via torch) and EAGLE-3
 (`fc.weight`, `midlayer.*` or speculators' `layers.0.*`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`, optional
 `embed_tokens.weight`; config.json with draft_vocab_size, or the speculators config with transformer_layer_config,
-target_hidden_size, eagle_aux_hidden_state_layer_ids, norm_before_residual). The published EAGLE-3 config's
+target_hidden_size, eagle_aux_hidden_state_layer_ids, norm_before_residual); EAGLE-3.1 adds the config switches
+fc_norm (tensors `fc_norm.<i>.weight`, one per fused feature) and norm_output. The published EAGLE-3 config's
 feature layers: see specjax.drafters.eagle.config.
 """
 from __future__ import annotations
@@ -74,6 +75,8 @@ def _expected_shapes(config: EagleConfig, own_embed: bool) -> dict:
         shapes.update({"layer.attn_norm": (H,), "layer.hidden_norm": (H,), "final_norm": (H,),
                        "fc_w": (len(config.target_layers) * config.target_hidden_size, H),
                        "lm_head": (H, config.draft_vocab_size)})
+        if config.fc_norm:
+            shapes["fc_norm"] = (len(config.target_layers), config.target_hidden_size)
     if own_embed:
         shapes["embed"] = (c.vocab_size, H)
     return shapes
@@ -233,8 +236,16 @@ def load_published(path: str | os.PathLike, target, kind: str | None = None) -> 
             layers = reference_target_layers(L)
         N = int(hf.get("draft_vocab_size") or layer.vocab_size)
         config = EagleConfig("eagle3", layer, int(hf.get("target_hidden_size") or layer.hidden_size), layers, N,
-                             bool(hf.get("norm_before_residual", False)))
+                             bool(hf.get("norm_before_residual", False)), bool(hf.get("fc_norm", False)),
+                             bool(hf.get("norm_output", False)))
         take("fc_w", "fc.weight", transpose=True)
+        if config.fc_norm:                         # EAGLE-3.1: one RMSNorm weight per fused feature
+            names["fc_norm"] = "fc_norm.<i>.weight"
+            norms = [f"fc_norm.{i}.weight" for i in range(len(layers))]
+            absent = [n for n in norms if n not in t]
+            if absent:
+                raise ValueError(f"EAGLE-3.1 checkpoint {path} (fc_norm) is missing tensor(s) {absent}")
+            flat["fc_norm"] = np.stack([np.asarray(t[n], np.float32) for n in norms])
         take("final_norm", "norm.weight")
         take("lm_head", "lm_head.weight", transpose=True)
         if "d2t" in t:
@@ -269,6 +280,8 @@ def export_published(path: str | os.PathLike, weights: EagleWeights, dtype: str 
         if key.startswith("layer."):
             ours = key[len("layer."):]
             sd[pfx + _LAYER_NAMES[ours]] = a.T if ours in _TRANSPOSED else a
+        elif key == "fc_norm":
+            sd.update({f"fc_norm.{i}.weight": w for i, w in enumerate(a)})
         else:
             theirs = {"fc_w": "fc.weight", "fc_b": "fc.bias", "final_norm": "norm.weight",
                       "lm_head": "lm_head.weight", "embed": "embed_tokens.weight"}[key]
@@ -283,6 +296,8 @@ def export_published(path: str | os.PathLike, weights: EagleWeights, dtype: str 
         hf.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=cfg.draft_vocab_size,
                   target_hidden_size=cfg.target_hidden_size, norm_before_residual=cfg.norm_before_residual,
                   eagle_aux_hidden_state_layer_ids=[i + 1 for i in cfg.target_layers])
+        if cfg.fc_norm or cfg.norm_output:                                # EAGLE-3.1's config switches
+            hf.update(fc_norm=cfg.fc_norm, norm_output=cfg.norm_output)
     else:
         hf.update(bias=True)                                              # the reference's fc bias flag
     with open(os.path.join(path, "config.json"), "w") as f:

@@ -33,6 +33,10 @@ class EagleConfig:
     target_layers: EAGLE-3 only: target decoder-layer indices whose outputs are fused, low to high.
     draft_vocab_size: EAGLE-3 only: N, the LM head's width.
     norm_before_residual: EAGLE-3 (speculators option): the residual is hidden_norm(hidden) instead of hidden.
+    fc_norm: EAGLE-3.1: an RMSNorm of its own on each fused target feature before fc (params["fc_norm"] [n, H_t]),
+      so that layers of very different scale contribute alike.
+    norm_output: EAGLE-3.1: the layer's output goes through final_norm once, and that post-norm state is both
+      what lm_head reads and the hidden input of the next draft step (EAGLE-3 feeds back the pre-norm state).
     """
     kind: str
     layer: ModelConfig
@@ -40,15 +44,18 @@ class EagleConfig:
     target_layers: tuple = ()
     draft_vocab_size: int | None = None
     norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"EAGLE kind must be one of {KINDS}, got {self.kind!r}")
         object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
         if self.kind == "eagle":
-            if self.target_layers or self.draft_vocab_size is not None or self.norm_before_residual:
-                raise ValueError("EAGLE-1 reads the target's final hidden state: target_layers, draft_vocab_size "
-                                 "and norm_before_residual are EAGLE-3 settings")
+            if (self.target_layers or self.draft_vocab_size is not None or self.norm_before_residual
+                    or self.fc_norm or self.norm_output):
+                raise ValueError("EAGLE-1 reads the target's final hidden state: target_layers, draft_vocab_size, "
+                                 "norm_before_residual, fc_norm and norm_output are EAGLE-3 settings")
             if self.target_hidden_size != self.layer.hidden_size:
                 raise ValueError(f"EAGLE-1 regresses the target's feature: hidden_size {self.layer.hidden_size} "
                                  f"must equal the target's {self.target_hidden_size}")
@@ -80,7 +87,8 @@ class EagleConfig:
                 "attention_bias": c.attention_bias, "vocab_size": c.vocab_size,
                 "max_position_embeddings": c.max_position_embeddings,
                 "target_hidden_size": self.target_hidden_size, "target_layers": list(self.target_layers),
-                "draft_vocab_size": self.draft_vocab_size, "norm_before_residual": self.norm_before_residual}
+                "draft_vocab_size": self.draft_vocab_size, "norm_before_residual": self.norm_before_residual,
+                "fc_norm": self.fc_norm, "norm_output": self.norm_output}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
@@ -93,7 +101,8 @@ class EagleConfig:
                             rms_norm_eps=float(d["rms_norm_eps"]), attention_bias=bool(d.get("attention_bias")),
                             max_position_embeddings=int(d.get("max_position_embeddings", 2048)))
         return cls(d["kind"], layer, int(d["target_hidden_size"]), tuple(d.get("target_layers") or ()),
-                   d.get("draft_vocab_size"), bool(d.get("norm_before_residual", False)))
+                   d.get("draft_vocab_size"), bool(d.get("norm_before_residual", False)),
+                   bool(d.get("fc_norm", False)), bool(d.get("norm_output", False)))
 
 
 class EagleWeights(NamedTuple):
@@ -102,7 +111,8 @@ class EagleWeights(NamedTuple):
     params (float leaves only): {"layer": {wq [Hin, Hq*D], wk/wv [Hin, Hkv*D], wo [Hq*D, H], mlp_norm [H],
       w_gate/w_up [H, I], w_down [I, H], (bq, bk, bv), EAGLE-3: attn_norm [H] (input_layernorm), hidden_norm [H]},
       "fc_w" [2H, H] + "fc_b" [H] (EAGLE-1) or "fc_w" [n*H_t, H] (EAGLE-3), EAGLE-3: "final_norm" [H],
-      "lm_head" [H, N]; optional "embed" [V, H] (else the target's)}; Hin = H (EAGLE-1) or 2H (EAGLE-3).
+      "lm_head" [H, N], EAGLE-3.1 fc_norm: "fc_norm" [n, H_t]; optional "embed" [V, H] (else the target's)};
+      Hin = H (EAGLE-1) or 2H (EAGLE-3).
     d2t: EAGLE-3: int64 [N], target id = draft id + d2t[draft id]; None for EAGLE-1.
     """
     config: EagleConfig
@@ -134,9 +144,11 @@ def eagle_config(target, kind: str = "eagle", *, target_layers: Sequence[int] | 
                  draft_vocab_size: int | None = None, hidden_size: int | None = None,
                  intermediate_size: int | None = None, num_heads: int | None = None,
                  num_kv_heads: int | None = None, head_dim: int | None = None,
-                 norm_before_residual: bool = False) -> EagleConfig:
+                 norm_before_residual: bool = False, fc_norm: bool = False,
+                 norm_output: bool = False) -> EagleConfig:
     """A drafter config for `target` (a specjax Model or its ModelConfig): the layer copies the target's shape
-    (heads, rope, eps) unless overridden; EAGLE-3 defaults: default_target_layers, draft vocab = full vocab."""
+    (heads, rope, eps) unless overridden; EAGLE-3 defaults: default_target_layers, draft vocab = full vocab;
+    fc_norm and norm_output make it an EAGLE-3.1 drafter."""
     tc = getattr(target, "config", target)
     H = hidden_size or tc.hidden_size
     heads = num_heads or (tc.num_heads if H == tc.hidden_size else max(1, H // tc.head_dim))
@@ -146,11 +158,13 @@ def eagle_config(target, kind: str = "eagle", *, target_layers: Sequence[int] | 
                         head_dim=head_dim or H // heads, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
                         rms_norm_eps=tc.rms_norm_eps, max_position_embeddings=tc.max_position_embeddings)
     if kind == "eagle":
+        if fc_norm or norm_output or norm_before_residual:
+            raise ValueError("fc_norm, norm_output and norm_before_residual are EAGLE-3 settings")
         return EagleConfig("eagle", layer, tc.hidden_size)
     layers = default_target_layers(tc.num_layers) if target_layers is None else tuple(target_layers)
     return EagleConfig("eagle3", layer, tc.hidden_size, layers,
                        tc.vocab_size if draft_vocab_size is None else int(draft_vocab_size),
-                       norm_before_residual)
+                       norm_before_residual, fc_norm, norm_output)
 
 
 def init_params(key: jax.Array, config: EagleConfig, std: float = 0.02, dtype=jnp.float32,
@@ -174,6 +188,8 @@ def init_params(key: jax.Array, config: EagleConfig, std: float = 0.02, dtype=jn
         layer.update(attn_norm=ones(H), hidden_norm=ones(H))
         params.update(fc_w=normal((len(config.target_layers) * config.target_hidden_size, H)),
                       final_norm=ones(H), lm_head=normal((H, config.draft_vocab_size)))
+        if config.fc_norm:
+            params["fc_norm"] = jnp.ones((len(config.target_layers), config.target_hidden_size), dtype)
     if embed:
         params["embed"] = normal((c.vocab_size, H))
     return params

@@ -209,7 +209,7 @@ def _build(req: BuildRequest, kind: str):
 
 
 def _param_specs(drafter: EagleDrafter, params, mesh):
-    own = {"fc_w": P(), "fc_b": P(), "hidden_norm": P(), "vocab_map": P()}
+    own = {"fc_w": P(), "fc_b": P(), "fc_norm": P(), "hidden_norm": P(), "vocab_map": P()}
 
     def spec(path, x):
         key = next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)

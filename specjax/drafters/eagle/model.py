@@ -45,10 +45,12 @@ def project_qkv(lp: dict, c: ModelConfig, x: jax.Array,
 
 
 def layer_output(params: dict, config: EagleConfig, resid: jax.Array, attn: jax.Array) -> jax.Array:
-    """attn [B, T, Hq*D] (before o_proj) -> the layer output [B, T, H] (pre-norm)."""
+    """attn [B, T, Hq*D] (before o_proj) -> the layer output [B, T, H]: what draft_logits reads and the next draft
+    step's hidden input (pre-norm; EAGLE-3.1 norm_output: after final_norm)."""
     lp = params["layer"]
     x = resid + attn @ lp["wo"]
-    return x + _mlp(lp, rms_norm(x, lp["mlp_norm"], config.layer.rms_norm_eps))
+    out = x + _mlp(lp, rms_norm(x, lp["mlp_norm"], config.layer.rms_norm_eps))
+    return rms_norm(out, params["final_norm"], config.layer.rms_norm_eps) if config.norm_output else out
 
 
 def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask) -> jax.Array:
@@ -75,13 +77,18 @@ def embed_table(params: dict, target_weights) -> jax.Array:
 def project_features(params: dict, config: EagleConfig, features) -> jax.Array:
     """The drafter's step-0 hidden input from target features. EAGLE-1: the target's final normed hidden state
     [B, T, H] itself. EAGLE-3: fc(concat(target layer outputs)): `features` a sequence of [B, T, H_t] (in
-    config.target_layers order) or their concatenation [B, T, n*H_t] -> [B, T, H]."""
+    config.target_layers order) or their concatenation [B, T, n*H_t] -> [B, T, H]. EAGLE-3.1 fc_norm: each feature
+    through its own RMSNorm first."""
     dtype = params["fc_w"].dtype
     if config.kind == "eagle":
         return jnp.asarray(features).astype(dtype)
-    if isinstance(features, (tuple, list)):
-        features = jnp.concatenate(features, -1)
-    return features.astype(dtype) @ params["fc_w"]
+    if not isinstance(features, (tuple, list)):
+        n = len(config.target_layers)
+        features = jnp.split(features, n, axis=-1) if config.fc_norm else (features,)
+    features = [f.astype(dtype) for f in features]
+    if config.fc_norm:
+        features = [rms_norm(f, w, config.layer.rms_norm_eps) for f, w in zip(features, params["fc_norm"])]
+    return jnp.concatenate(features, -1) @ params["fc_w"]
 
 
 def draft_logits(params: dict, config: EagleConfig, hidden: jax.Array, target_weights=None) -> jax.Array:
@@ -91,7 +98,7 @@ def draft_logits(params: dict, config: EagleConfig, hidden: jax.Array, target_we
         if not target_weights or "lm_head" not in target_weights:
             raise ValueError("EAGLE-1 drafts through the target's LM head: pass target_weights={'lm_head': ...}")
         return (hidden @ target_weights["lm_head"]).astype(jnp.float32)
-    h = rms_norm(hidden, params["final_norm"], config.layer.rms_norm_eps)
+    h = hidden if config.norm_output else rms_norm(hidden, params["final_norm"], config.layer.rms_norm_eps)
     return (h @ params["lm_head"]).astype(jnp.float32)
 
 
@@ -105,7 +112,7 @@ def forward_sequence(params: dict, config: EagleConfig, tokens: jax.Array, featu
     (EAGLE-1: ForwardOut.hidden; EAGLE-3: the layer_hidden of config.target_layers): then hidden[:, t] regresses
     the target feature of position t + 1 (EAGLE-1: hidden_target[:, t + 1]) and logits[:, t] predict
     ids[:, t + 2] (the target's distribution at position t + 1).
-    Returns (hidden [B, T, H] pre-norm, logits [B, T, V] (EAGLE-1) or [B, T, N] draft vocab (EAGLE-3)).
+    Returns (hidden [B, T, H] (layer_output's), logits [B, T, V] (EAGLE-1) or [B, T, N] draft vocab (EAGLE-3)).
     target_weights: {"embed": [V, H]} unless the drafter has its own, and EAGLE-1's {"lm_head": [H, V]}.
     """
     B, T = tokens.shape
