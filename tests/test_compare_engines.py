@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from experiments.compare_engines import call_batches, compare
-from experiments.engines import METHODS, Generation, Method, SpecjaxEngine, TransformersEngine, VllmEngine
+from experiments.engines import Generation, Method, SpecjaxEngine, TransformersEngine, VllmEngine
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,15 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.slow           # three specjax compiles and three transformers generate loops: CI runs it in test-slow
 def test_engines_emit_identical_tokens(checkpoints):
     engines = {"specjax": SpecjaxEngine(), "transformers": TransformersEngine()}
+    target_dir, draft_dir = checkpoints
     for e in engines.values():
-        e.load(*checkpoints)
+        e.load(target_dir, {"draft_model": draft_dir})
     # A repeated span, so prompt lookup finds matches from the first step.
     prompt = [5, 17, 99, 42, 7, 5, 17, 99, 42, 7, 5, 17]
-    methods = [Method(m, max_new_tokens=8, k=4) for m in METHODS]
+    names = ("plain", "draft_model", "ngram")             # eagle3: tests/test_eagle.py, and vLLM's worker below
+    methods = [Method(m, max_new_tokens=8, k=4) for m in names]
     rows, outputs = compare(engines, {1: [[prompt]]}, methods, rounds=1)
-    assert [r["method"] for r in rows] == list(METHODS)
+    assert [r["method"] for r in rows] == list(names)
     for r in rows:
         sj, hf = outputs[1, r["method"], "specjax"][0], outputs[1, r["method"], "transformers"][0]
         assert len(sj) == len(hf) == 8
@@ -80,8 +82,12 @@ def test_vllm_engine_without_its_python_says_what_to_set():
 
 
 # A stand-in for vllm's API as experiments/vllm_worker.py uses it: each row's new tokens are its prompt's last
-# token + 1, + 2, ... (mod 100); the settings the worker passed are checked.
+# token + 1, + 2, ... (mod 100); the settings the worker passed are checked. With a speculative config its
+# spec-decode counters grow by one verify step per 2 new tokens of a row, k drafted and 1 accepted per step.
 FAKE_VLLM = '''
+class Metric:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
 class SamplingParams:
     def __init__(self, temperature, max_tokens, ignore_eos, detokenize):
         assert temperature == 0.0 and ignore_eos and not detokenize
@@ -93,11 +99,20 @@ class _Result:
     def __init__(self, ids):
         self.outputs = [_Out(ids)]
 class LLM:
-    def __init__(self, model, dtype, skip_tokenizer_init, enforce_eager, max_model_len, max_num_seqs, seed):
+    def __init__(self, model, dtype, skip_tokenizer_init, enforce_eager, max_model_len, max_num_seqs, seed,
+                 speculative_config, disable_log_stats):
         assert dtype == "float32" and skip_tokenizer_init and max_model_len == 64 and max_num_seqs == 2
+        assert disable_log_stats == (speculative_config is None)
+        self.spec, self.steps = speculative_config, 0
     def generate(self, prompts, params, use_tqdm):
+        self.steps += len(prompts) * (params.max_tokens // 2)
         return [_Result([(p["prompt_token_ids"][-1] + i + 1) % 100 for i in range(params.max_tokens)])
                 for p in prompts]
+    def get_metrics(self):
+        k = self.spec["num_speculative_tokens"]
+        return [Metric("vllm:spec_decode_num_drafts", self.steps), Metric("vllm:other", 7),
+                Metric("vllm:spec_decode_num_draft_tokens", k * self.steps),
+                Metric("vllm:spec_decode_num_accepted_tokens", self.steps)]
 '''
 
 
@@ -108,12 +123,17 @@ def test_vllm_engine_speaks_to_its_worker(tmp_path):
                                                  "    return {'prompt_token_ids': prompt_token_ids}\n")
     engine = VllmEngine(sys.executable, threads=1, max_model_len=64, max_num_seqs=2,
                         extra_env={"PYTHONPATH": str(tmp_path)})
-    engine.load(str(tmp_path), None)
+    engine.load(str(tmp_path), {})
     try:
         out = engine.generate([[1, 2, 3], [9]], Method("plain", max_new_tokens=3))
         assert out.tokens == [[4, 5, 6], [10, 11, 12]] and out.counts is None
-        with pytest.raises(ValueError, match="plain decoding only"):
-            engine.generate([[1]], Method("ngram", max_new_tokens=3))
+        for _ in range(2):                  # the ngram worker's counters are per call, not cumulative
+            out = engine.generate([[1, 2, 3], [9]], Method("ngram", max_new_tokens=4, k=3))
+            assert out.tokens == [[4, 5, 6, 7], [10, 11, 12, 13]]
+            assert out.counts == {"accepted": 4, "drafted": 12, "passes": 4, "counted_tokens": 8}
+        assert len(engine.workers) == 2     # one vLLM engine per speculative method
+        with pytest.raises(ValueError, match="no 'eagle3' drafter"):
+            engine.generate([[1]], Method("eagle3", max_new_tokens=3))
     finally:
         engine.close()
 
