@@ -325,8 +325,11 @@ def run_record(F, info: dict, step: int, batches, recipe: Recipe) -> dict:
     rec = {"command": info["command"], "export_command": command_line(), "seed": F.seed}
     if recipe.frozen_target:
         rec["target"] = F.target
-    rec.update({"steps": step, "planned_steps": info["steps"], "batch_size": F.batch_size, "seq_len": F.seq_len,
-                "tokens_seen": step * F.batch_size * F.seq_len, "epochs": round(batches.epochs(step), 4),
+    rows = getattr(batches, "rows", None)          # whole-row batches (self-distillation rows): rows, not windows
+    rec.update({"steps": step, "planned_steps": info["steps"], "batch_size": F.batch_size,
+                "seq_len": None if rows is not None else F.seq_len,
+                "tokens_seen": None if rows is not None else step * F.batch_size * F.seq_len,
+                "training_rows": None if rows is None else len(rows), "epochs": round(batches.epochs(step), 4),
                 "train_wall_s": round(info.get("elapsed_s", float("nan")), 1), "lr": F.lr, "warmup": F.warmup,
                 "weight_decay": F.weight_decay, "stopped_by_budget": info.get("stopped_by_budget")})
     if info.get("mesh"):
@@ -375,8 +378,13 @@ def curve_paragraph(curve: list[dict], metrics: Sequence[str]) -> str:
 def training_paragraph(record: dict, tcfg: loop.TrainConfig) -> str:
     budget = " Stopped by the wall-clock budget before the planned steps." if record["stopped_by_budget"] else ""
     mesh = f" on a {record['train_mesh']} (data x model) mesh" if record.get("train_mesh") else ""
-    return (f"Training: {record['steps']} steps of {record['batch_size']} x {record['seq_len']} tokens "
-            f"({record['tokens_seen']:,} tokens, {record['epochs']:.2f} epochs of the training data), AdamW (peak lr "
+    if record.get("tokens_seen") is None:          # whole rows of their own lengths
+        seen = (f"{record['steps']} steps of {record['batch_size']} rows ({record['epochs']:.2f} epochs of the "
+                f"{record['training_rows']:,} training rows)")
+    else:
+        seen = (f"{record['steps']} steps of {record['batch_size']} x {record['seq_len']} tokens "
+                f"({record['tokens_seen']:,} tokens, {record['epochs']:.2f} epochs of the training data)")
+    return (f"Training: {seen}, AdamW (peak lr "
             f"{record['lr']}, warmup {record['warmup']}, cosine to {tcfg.min_lr_ratio:.0%}, weight decay "
             f"{record['weight_decay']}, clip {tcfg.clip_norm}), seed {record['seed']}, wall time "
             f"{record['train_wall_s']:.0f} s{mesh}.{budget}")
