@@ -1,7 +1,7 @@
 """The main experiment: speculative vs plain decoding on the same target, measured in one run, beside the analytic
 prediction from the measured alpha, draft cost c and verify-cost ratio.
 
-  python -m experiments.speedup                                   # SmolLM2-135M: ngram and suffix on 3 chat sets
+  python -m experiments.speedup                  # SmolLM2-135M: ngram and suffix on 3 chat sets, EAGLE-3 and DFlash
   python -m experiments.speedup --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
   PYTHONPATH=tests python -m experiments.speedup --drafter_modules=_repeat_last_drafter --runs=humaneval:repeat_last:2
 
@@ -66,10 +66,13 @@ flags.DEFINE_string("target", "smollm2-135m", "target model: a shipped or instal
 flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method drafts from (a directory or a shipped "
                   "name), e.g. draft_model=stdlib-draft on the toy target")
 # The default runs: the training-free drafters on the real target's three chat prompt sets (generation stops at
-# the end of the assistant's turn). The toy's table: --target=stdlib-target --drafters=draft_model=stdlib-draft
+# the end of the assistant's turn), then its two trained drafters on held-out ShareGPT. The toy's table:
+# --target=stdlib-target --drafters=draft_model=stdlib-draft
 # --runs=humaneval:draft_model:4,humaneval:draft_model:4:dyn4x2,humaneval:ngram:4,stdlib:draft_model:4,stdlib:ngram:4
 flags.DEFINE_list("runs", [f"{pset}:{method}:{k}:stop_at_eos=true" for pset in ("sharegpt", "humaneval_chat", "grounded")
-                           for method, k in (("ngram", 4), ("suffix", 8))], "prompt_set:method:k[:tree] entries")
+                           for method, k in (("ngram", 4), ("suffix", 8))]
+                  + [f"sharegpt:{m}:3:drafter=smollm2-135m-{m}:stop_at_eos=true" for m in ("eagle3", "dflash")],
+                  "prompt_set:method:k[:tree] entries")
 flags.DEFINE_integer("num_prompts", 3, "prompts per prompt set")
 flags.DEFINE_integer("max_new_tokens", 96, "tokens generated per prompt")
 flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactness column compares tokens with plain decoding)")
