@@ -81,7 +81,7 @@ class FeatureStore:
         order = np.argsort(self.lengths, kind="stable")
         chunks, cur = [], []
         for i in order:
-            width = self._width(max([self.lengths[j] for j in cur] + [self.lengths[i]]))
+            width = self.width(max([self.lengths[j] for j in cur] + [self.lengths[i]]))
             if cur and width * (len(cur) + 1) > chunk_tokens:
                 chunks.append(np.array(cur))
                 cur = []
@@ -90,7 +90,8 @@ class FeatureStore:
             chunks.append(np.array(cur))
         return chunks
 
-    def _width(self, length: int) -> int:
+    def width(self, length: int) -> int:
+        """The bucketed width that holds `length` positions (at most the rows' own width)."""
         return int(min(-(-length // self.bucket) * self.bucket, self.rows.tokens.shape[1]))
 
     def _path(self, name: str) -> str:
@@ -140,7 +141,7 @@ class FeatureStore:
         t0, made = time.time(), 0
         for c in todo:
             idx = self.chunks[c]
-            width = self._width(int(self.lengths[idx].max()))
+            width = self.width(int(self.lengths[idx].max()))
             tf = fwd(self.target.params, jnp.asarray(np.asarray(self.rows.tokens[idx][:, :width], np.int32)))
             arrays = {"hidden": np.asarray(tf.hidden, np.float32), "top": np.asarray(jnp.argmax(tf.logits, -1),
                                                                                       np.int32)}
@@ -190,15 +191,10 @@ class FeatureBatches:
     padding everywhere: causal features make the cut exact)."""
 
     def __init__(self, batches: RowBatches, store: FeatureStore, layers: Sequence[int]):
-        if batches.spans is None:
-            spans = (np.zeros(len(batches.rows), np.int32), np.full(len(batches.rows), batches.rows.shape[1] + 1,
-                                                                     np.int32))
-        else:
-            spans = batches.spans
         if len(store.rows.tokens) != len(batches.rows):
             raise ValueError(f"FeatureBatches: the store has {len(store.rows.tokens)} rows, the batches "
                              f"{len(batches.rows)}")
-        self.batches, self.store, self.layers, self.spans = batches, store, tuple(layers), spans
+        self.batches, self.store, self.layers = batches, store, tuple(layers)
         self.batch_size = batches.batch_size
 
     @property
@@ -207,9 +203,10 @@ class FeatureBatches:
 
     def batch(self, step: int) -> FeatureRows:
         idx = self.batches.indices(step)
-        width = self.store._width(int(self.store.lengths[idx].max()))
-        rows = LabeledRows(np.asarray(self.batches.rows[idx][:, :width], np.int32), self.spans[0][idx],
-                           self.spans[1][idx])
+        width = self.store.width(int(self.store.lengths[idx].max()))
+        spans = self.store.rows
+        rows = LabeledRows(np.asarray(self.batches.rows[idx][:, :width], np.int32), spans.first_label[idx],
+                           spans.label_end[idx])
         hidden, top, layers = self.store.gather(idx, width, self.layers)
         return FeatureRows(rows, hidden, top, layers)
 
