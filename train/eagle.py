@@ -61,8 +61,8 @@ flags.DEFINE_integer("draft_hidden", None, "drafter hidden size (default: the ta
 flags.DEFINE_integer("draft_intermediate", None, "drafter MLP size (default: the target's)")
 flags.DEFINE_integer("draft_heads", None, "drafter query heads (default: the target's)")
 flags.DEFINE_integer("draft_kv_heads", None, "drafter key/value heads (default: the target's)")
-flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-1: fc identity on the feature half; EAGLE-3: fc "
-                  "identity on the top fused layer, the target's final norm and LM head columns)")
+flags.DEFINE_bool("warm_start", True, "init from the target (EAGLE-3: the target's final norm and LM head columns; "
+                  "both kinds: fc as the identity unless --nofc_identity)")
 flags.DEFINE_bool("fc_norm", False, "EAGLE-3.1: an RMSNorm of its own on each fused target feature before fc")
 flags.DEFINE_bool("norm_output", False, "EAGLE-3.1: feed the post-norm layer output to lm_head and to the next "
                   "draft step (EAGLE-3 feeds back the pre-norm state)")
@@ -112,14 +112,12 @@ def _kind_from_argv(argv) -> str:
 def drafter_config(F, target) -> eagle.EagleConfig:
     layers = None if not F.target_layers else tuple(int(x) for x in F.target_layers)
     kw = dict(hidden_size=F.draft_hidden, intermediate_size=F.draft_intermediate, num_heads=F.draft_heads,
-              num_kv_heads=F.draft_kv_heads)
+              num_kv_heads=F.draft_kv_heads, fc_norm=F.fc_norm, norm_output=F.norm_output)
     if F.kind == "eagle":
-        if layers is not None or F.fc_norm or F.norm_output:
-            raise ValueError("--target_layers, --fc_norm and --norm_output are EAGLE-3 settings (EAGLE-1 reads the "
-                             "final hidden state)")
+        if layers is not None:
+            raise ValueError("--target_layers is an EAGLE-3 setting (EAGLE-1 reads the final hidden state)")
         return eagle.eagle_config(target, "eagle", **kw)
-    return eagle.eagle_config(target, "eagle3", target_layers=layers, draft_vocab_size=F.draft_vocab_size,
-                              fc_norm=F.fc_norm, norm_output=F.norm_output, **kw)
+    return eagle.eagle_config(target, "eagle3", target_layers=layers, draft_vocab_size=F.draft_vocab_size, **kw)
 
 
 def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
@@ -241,8 +239,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         if F.export_published:
             eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")
         fields = dict(self_distillation=ds["meta"], drafter_config=cfg.to_dict(), drafter_params=n_params,
-                      ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start, fc_identity=F.fc_identity,
-                      eval_steps=n, published_dir="published" if F.export_published else None)
+                      ttt_steps=ttt, step_decay=F.step_decay, noise=noise, warm_start=F.warm_start,
+                      fc_identity=F.fc_identity, eval_steps=n,
+                      published_dir="published" if F.export_published else None)
         if is3:
             fields.update(draft_vocab_size=cfg.draft_vocab_size, vocab_coverage=cov,
                           target_layers=list(cfg.target_layers), target_layers_reason=layers_why)

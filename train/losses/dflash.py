@@ -42,9 +42,10 @@ def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, a
     block_pos = flat[:, None] + jnp.arange(k + 1)[None, :]
     visible = jnp.arange(R)[None, :] < flat[:, None]                                # the positions before the anchor
     hidden = block_forward(params, config, x, block_pos, ctx_k, ctx_v, visible)
-    logits = (hidden[:, 1:] @ target_weight(target_params, "lm_head")).astype(jnp.float32)
+    lm_head = target_weight(target_params, "lm_head")
+    logits = (hidden[:, 1:] @ lm_head).astype(jnp.float32)
     at = jnp.clip(anchors[..., None] + jnp.arange(k), 0, R - 1)                     # z_{a+i-1}, i = 1..k
-    teacher = tf.teacher_logits(target_weight(target_params, "lm_head"), at=at.reshape(B, A * k)).reshape(B, A, k, -1)
+    teacher = tf.teacher_logits(lm_head, at=at.reshape(B, A * k)).reshape(B, A, k, -1)
     label_at = anchors[..., None] + jnp.arange(1, k + 1)                            # token a + i, [B, A, k]
     valid = label_mask(rows, label_at.reshape(B, A * k)).reshape(B, A, k) & (label_at < R)
     return logits.reshape(B, A, k, -1), teacher, valid

@@ -157,10 +157,9 @@ def eagle_config(target, kind: str = "eagle", *, target_layers: Sequence[int] | 
                         num_heads=heads, num_kv_heads=num_kv_heads or min(tc.num_kv_heads, heads),
                         head_dim=head_dim or H // heads, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
                         rms_norm_eps=tc.rms_norm_eps, max_position_embeddings=tc.max_position_embeddings)
-    if kind == "eagle":
-        if fc_norm or norm_output or norm_before_residual:
-            raise ValueError("fc_norm, norm_output and norm_before_residual are EAGLE-3 settings")
-        return EagleConfig("eagle", layer, tc.hidden_size)
+    if kind == "eagle":                  # EagleConfig refuses the EAGLE-3 settings for it
+        return EagleConfig("eagle", layer, tc.hidden_size, norm_before_residual=norm_before_residual,
+                           fc_norm=fc_norm, norm_output=norm_output)
     layers = default_target_layers(tc.num_layers) if target_layers is None else tuple(target_layers)
     return EagleConfig("eagle3", layer, tc.hidden_size, layers,
                        tc.vocab_size if draft_vocab_size is None else int(draft_vocab_size),
