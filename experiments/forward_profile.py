@@ -3,6 +3,11 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
 
   python -m experiments.forward_profile                                  # SmolLM2-135M and the toy
   python -m experiments.forward_profile --targets=stdlib-target --positions=1,5 --batch=8
+  python -m experiments.forward_profile --matmul=kernel,xla --nobreakdown     # the small-M kernel vs XLA's dot
+
+--matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
+small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
+SPECJAX_SMALL_M_MATMUL=0). Each path's ratio is against its own T = 1.
 
 Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
 compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
@@ -17,7 +22,9 @@ Rows are written with experiments.tables.write_table under --out (default runs/f
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
+import itertools
 import os
 import re
 import shutil
@@ -40,6 +47,7 @@ flags.DEFINE_integer("context", 332, "tokens of history in the cache")
 flags.DEFINE_integer("batch", 1, "rows per forward")
 flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
 flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
+flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
 flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
 
 MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion")
@@ -75,36 +83,58 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[s
     return {kind: (ns[kind] / 1e6 / n, count[kind] / n) for kind in ns}
 
 
+MATMUL_PATHS = {"kernel": "1", "xla": "0"}          # the value of SPECJAX_SMALL_M_MATMUL each path traces with
+
+
+@contextlib.contextmanager
+def matmul_path(path: str):
+    """Trace inside with the given matmul path (the switch is read when a forward is traced)."""
+    before = os.environ.get("SPECJAX_SMALL_M_MATMUL")
+    os.environ["SPECJAX_SMALL_M_MATMUL"] = MATMUL_PATHS[path]
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SPECJAX_SMALL_M_MATMUL"]
+        else:
+            os.environ["SPECJAX_SMALL_M_MATMUL"] = before
+
+
 def main(argv):
     rows, summary = [], []
     positions = [int(t) for t in FLAGS.positions]
+    unknown = set(FLAGS.matmul) - set(MATMUL_PATHS)
+    if unknown:                                          # before any measurement
+        raise app.UsageError(f"unknown --matmul paths {sorted(unknown)}: choose from {sorted(MATMUL_PATHS)}")
     for name in FLAGS.targets:
         model = specjax.load_model(name)
         weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
-        one = None
-        for T in positions:
-            seconds = costs.forward_seconds(model, FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
-            one = seconds if one is None else one
-            row = dict(target=name, batch=FLAGS.batch, context=FLAGS.context, positions=T, ms=seconds * 1e3,
-                       vs_one=seconds / one, weight_GB_s=weight_bytes / seconds / 1e9)
+        one = {}
+        for T, path in itertools.product(positions, FLAGS.matmul):
+            with matmul_path(path):
+                seconds = costs.forward_seconds(model, FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
+            one.setdefault(path, seconds)
+            row = dict(target=name, matmul=path, batch=FLAGS.batch, context=FLAGS.context, positions=T,
+                       ms=seconds * 1e3, vs_one=seconds / one[path], weight_GB_s=weight_bytes / seconds / 1e9)
             if FLAGS.breakdown:
-                kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
+                with matmul_path(path):
+                    kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
                 matmul_ms = sum(ms for k, (ms, _) in kinds.items() if k in MATMUL_KINDS)
                 row.update(thread_ms=sum(ms for ms, _ in kinds.values()), matmul_thread_ms=matmul_ms,
                            matmul_GB_s=weight_bytes / (matmul_ms / 1e3) / 1e9 if matmul_ms else None,
                            ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
                                 for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
                 top = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]
-                summary.append([name, T, f"{seconds * 1e3:.2f}", f"{seconds / one:.2f}",
+                summary.append([name, path, T, f"{seconds * 1e3:.2f}", f"{seconds / one[path]:.2f}",
                                 "; ".join(f"{k} {ms:.2f} ms x{c:.0f}" for k, (ms, c) in top)])
             rows.append(row)
-            print(f"{name} T={T}: {seconds * 1e3:.2f} ms, {seconds / one:.2f}x T=1"
+            print(f"{name} {path} T={T}: {seconds * 1e3:.2f} ms, {seconds / one[path]:.2f}x T=1"
                   + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else ""), flush=True)
-    header = ["target", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
+    header = ["target", "matmul", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
     if summary:
         print(text_table(header, summary))
     write_table(rows, FLAGS.out, {"positions": positions, "context": FLAGS.context, "batch": FLAGS.batch,
-                                  "inner": INNER})
+                                  "inner": INNER, "matmul": FLAGS.matmul})
 
 
 if __name__ == "__main__":

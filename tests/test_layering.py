@@ -16,7 +16,7 @@ import os
 from typing import Iterator, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBRARY = ("specjax", "pallas_kernels")
+LIBRARY = ("specjax", "pallas_kernels", "cpu_kernels")
 SCRIPTS = ("train", "experiments")
 # What a library function may import (dotted prefixes): optional or heavy dependencies a module needs only on one
 # path, so that `import specjax` works without them and does not pay for them.

@@ -18,6 +18,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels.small_m_matmul import matmul
 from pallas_kernels.verify_attention import verify_attention
 from pallas_kernels.verify_attention.reference import verify_attention_reference
 from specjax.cache import GroupedKVCache, KVCache
@@ -136,7 +137,7 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     if inv_freq is None:
         inv_freq = rope_inv_freq(cfg)
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+    q, k, v = matmul(h, lp["wq"]), matmul(h, lp["wk"]), matmul(h, lp["wv"])
     if cfg.attention_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
@@ -145,17 +146,19 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     cache = cache.write(index, k, v, cache.lengths)
     o = attention(q, cache, index, cache.lengths + T, mask, implementation=implementation,
                   q_positions=positions, sliding_window=cfg.sliding_window)
-    x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
+    x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    return x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"], cache
+    return x + matmul(jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"]), lp["w_down"]), cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
     """hidden [..., H] -> float32 logits [..., vocab_size]. A vocabulary padded for a mesh is cut off here rather
     than masked: sampling draws one Gumbel variate per vocabulary entry, so a wider distribution would draw
     different tokens than one device does; cut, every later shape (and random draw) is the one-device one."""
-    w = params["lm_head"] if "lm_head" in params else params["embed"].T
-    logits = (hidden @ w).astype(jnp.float32)                             # [..., Vp]
+    if "lm_head" in params:
+        logits = matmul(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
+    else:
+        logits = matmul(hidden, params["embed"], transposed=True).astype(jnp.float32)     # tied: embed.T
     return logits if vocab_size is None or logits.shape[-1] == vocab_size else logits[..., :vocab_size]
 
 

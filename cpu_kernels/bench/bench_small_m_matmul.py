@@ -1,0 +1,75 @@
+"""Benchmark the small-M CPU matmul kernel against XLA's dot, with the weights streamed from memory as in a forward.
+
+For each weight shape, --layers distinct matrices (together larger than the caches) are multiplied one after the
+other in one jit, each product feeding the next input, so every call reads its weights from memory; per M it prints
+the time per matrix, the weight bandwidth reached, and the cost relative to M = 1, for the kernel and for XLA.
+
+  python -m cpu_kernels.bench.bench_small_m_matmul                                   # SmolLM2-135M's shapes
+  python -m cpu_kernels.bench.bench_small_m_matmul --rows 1,5,9,40 --shapes nn:576x1536 --parts 1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+
+from cpu_kernels.small_m_matmul import small_m_matmul, small_m_matmul_reference
+
+
+def fastest(fn, *args, reps: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def chained(product, rows: int, K: int):
+    """One jit over all the matrices: the next input depends on the last product (nothing is hoisted)."""
+    def run(x, ws):
+        for w in ws:
+            y = product(x, w)
+            x = x + 1e-9 * jnp.sum(y, axis=1, keepdims=True)        # [rows, K]
+        return x
+    return jax.jit(run)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="nn:576x1536,nn:1536x576,nt:49152x576",
+                    help="form:AxB: nn w [K, N] = AxB; nt w [N, K] = AxB (a tied LM head)")
+    ap.add_argument("--rows", default="1,2,3,5,9,17,40", help="M values")
+    ap.add_argument("--megabytes", type=float, default=400, help="weight bytes streamed per call, in MB")
+    ap.add_argument("--parts", type=int, default=None, help="the kernel's thread split (default: the cores)")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}")
+    for spec in a.shapes.split(","):
+        form, dims = spec.split(":")
+        A, B = (int(d) for d in dims.split("x"))
+        transposed = form == "nt"
+        K = B if transposed else A
+        layers = max(1, int(a.megabytes * 1e6 // (A * B * 4)))
+        ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
+        first = {}
+        for M in (int(m) for m in a.rows.split(",")):
+            x = jax.random.normal(jax.random.PRNGKey(M), (M, K), jnp.float32)
+            cells = []
+            for name, product in (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts)),
+                                  ("xla", lambda x, w: small_m_matmul_reference(x, w, transposed))):
+                s = fastest(chained(product, M, K), x, ws, reps=a.reps) / layers
+                first.setdefault(name, s)
+                cells += [s * 1e3, A * B * 4 / s / 1e9, s / first[name]]
+            print(f"{spec:>16} {M:>3} {cells[0]:9.3f} {cells[1]:6.1f} {cells[2]:6.2f} {cells[3]:8.3f} {cells[4]:6.1f} "
+                  f"{cells[5]:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

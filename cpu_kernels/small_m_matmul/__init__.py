@@ -1,0 +1,125 @@
+"""Small-M matmul on CPU: y [M, N] = x [M, K] @ w for the few rows of a decode step or a verify pass.
+
+Public entry: `small_m_matmul(x, w, transposed=False, *, parts=None)`; `matmul(x, w, transposed=False)` is what the
+models call: the kernel where it applies (CPU, float32, min_rows() <= M <= MAX_ROWS, the shapes it tiles), XLA's dot
+elsewhere.
+
+Why: at 2-9 rows XLA:CPU hands a matmul to a general GEMM (YNNPACK) that reads the weights several times over,
+so a verify pass of k + 1 positions cost far more than a one-position step although both read the same weight
+bytes. The kernel streams each weight element from memory once and uses it for all M rows.
+
+Exactness: every output element is the same chain of fused multiply-adds over k whatever M and the thread split, so
+a row is bit-identical whichever rows share its call (a tree's node in a 9-node verify and in a 5-node one; XLA's
+dot gives no such promise between its paths). Against XLA's dot the results differ by float32 rounding only.
+
+  x  [M, K] float32;  w [K, N] float32 (transposed: w [N, K], read as w.T; a tied LM head's embed [V, H])
+  nn needs N % 16 == 0, nt needs K % 16 == 0 (the others fall back to XLA).
+Gradients: the backward pass is XLA's (the kernel is for inference; a custom VJP makes it safe under jax.grad).
+SPECJAX_SMALL_M_MATMUL=0 turns the kernel off (every call takes XLA's dot).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cpu_kernels.small_m_matmul import build
+from cpu_kernels.small_m_matmul.reference import small_m_matmul_reference
+
+__all__ = ["min_rows", "cores", "MAX_ROWS", "MAX_ROWS_TRANSPOSED", "matmul", "small_m_matmul", "small_m_matmul_reference", "applies"]
+
+# Beyond these row counts XLA's GEMM was the faster path on a 2-core AVX-512 CPU, measured over weights streamed from
+# memory (nt's blocks hold fewer rows, so it stops earlier).
+# One row: the kernel beat XLA's matrix-vector path on two cores (both targets' decode step) but lost to it on one
+# (Eigen's single-thread GEMV streamed the weights faster).
+def min_rows() -> int:
+    """The fewest rows the kernel takes: 1 with two or more cores, else 2."""
+    return 1 if cores() > 1 else 2
+
+MAX_ROWS = 64
+MAX_ROWS_TRANSPOSED = 16
+LANES = 16
+
+
+def applies(x_shape, w_shape, dtype, transposed: bool = False) -> str | None:
+    """Why the kernel cannot take this product (None: it can). Static: shapes and dtypes only."""
+    if os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0":
+        return "turned off by SPECJAX_SMALL_M_MATMUL=0"
+    if jnp.dtype(dtype) != jnp.float32:
+        return f"dtype {jnp.dtype(dtype)} (the kernel is float32)"
+    M = int(np.prod(x_shape[:-1]))
+    most = MAX_ROWS_TRANSPOSED if transposed else MAX_ROWS
+    if not min_rows() <= M <= most:
+        return f"{M} rows (the kernel takes {min_rows()}..{most}{' for w [N, K]' if transposed else ''} here)"
+    K, N = (w_shape[1], w_shape[0]) if transposed else w_shape
+    if (K if transposed else N) % LANES:
+        return f"{'K' if transposed else 'N'} = {K if transposed else N} not a multiple of {LANES}"
+    return None
+
+
+def small_m_matmul(x: jax.Array, w: jax.Array, transposed: bool = False, *, parts: int | None = None) -> jax.Array:
+    """The kernel itself (CPU only): x [M, K] @ w -> [M, N]. parts: column ranges the work is cut into (default:
+    the machine's cores; the calling thread and XLA's intra-op pool share them)."""
+    target = build.load()
+    if target is None:
+        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"small_m_matmul takes x [M, K] and w 2-D, got {x.shape} and {w.shape}")
+    K, N = (w.shape[1], w.shape[0]) if transposed else w.shape
+    if x.shape[1] != K:
+        raise ValueError(f"x has K = {x.shape[1]}, w has K = {K} ({'[N, K]' if transposed else '[K, N]'})")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32), vmap_method="sequential")
+    return call(x, w, transposed=transposed, parts=np.int64(parts or cores()))
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@jax.custom_vjp
+def _kernel_nn(x, w):
+    return small_m_matmul(x, w)
+
+
+@jax.custom_vjp
+def _kernel_nt(x, w):
+    return small_m_matmul(x, w, transposed=True)
+
+
+def _fwd_nn(x, w):
+    return small_m_matmul(x, w), (x, w)
+
+
+def _fwd_nt(x, w):
+    return small_m_matmul(x, w, transposed=True), (x, w)
+
+
+def _bwd_nn(res, g):
+    x, w = res
+    return g @ w.T, x.T @ g
+
+
+def _bwd_nt(res, g):
+    x, w = res
+    return g @ w, g.T @ x
+
+
+_kernel_nn.defvjp(_fwd_nn, _bwd_nn)
+_kernel_nt.defvjp(_fwd_nt, _bwd_nt)
+
+
+def matmul(x: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
+    """x [..., K] @ w [K, N] (transposed: w [N, K]) -> [..., N]: the kernel on CPU where `applies`, else XLA's dot.
+    With an accelerator as the default backend nothing is built and XLA's dot is traced; a CPU program lowered
+    for another platform lowers XLA's dot there (lax.platform_dependent)."""
+    reference = lambda x, w: small_m_matmul_reference(x, w, transposed)
+    if (jax.default_backend() != "cpu" or x.dtype != w.dtype or applies(x.shape, w.shape, x.dtype, transposed)
+            or build.load() is None):
+        return reference(x, w)
+    lead = x.shape[:-1]
+    kernel = lambda x, w: (_kernel_nt if transposed else _kernel_nn)(x.reshape(-1, x.shape[-1]), w).reshape(
+        *lead, -1)
+    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)

@@ -1,0 +1,89 @@
+"""Compiles kernel.cc once per machine into the user cache and registers it with XLA:CPU.
+
+The shared object is keyed by the source, the jaxlib headers' version, the compiler and the CPU's instruction-set
+flags (it is built with -march=native), so a changed kernel, jaxlib or machine builds a fresh one. Nothing happens at
+import: the first call of `load()` builds (a few seconds) and registers; a machine without a C++ compiler gets None
+and the callers use XLA's dot.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+import jax
+import jaxlib
+
+TARGET = "specjax_small_m_matmul"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> str:
+    """$SPECJAX_CACHE or $XDG_CACHE_HOME/specjax or ~/.cache/specjax, then kernels/ (the GGUF cache's root)."""
+    root = os.environ.get("SPECJAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specjax")
+    return os.path.join(root, "kernels")
+
+
+def cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def compiler() -> str | None:
+    """The C++ compiler: $CXX, else the first of g++, c++, clang++ on PATH (None: none)."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def library_path(cxx: str) -> str:
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(b"\0".join([source, jaxlib.__version__.encode(), cxx.encode(),
+                                     " ".join(FLAGS).encode(), cpu_flags().encode()])).hexdigest()[:16]
+    return os.path.join(cache_dir(), f"small_m_matmul-{key}.so")
+
+
+def build(cxx: str, out: str) -> None:
+    """Compile to a temporary file and move it into place (concurrent builders each write their own)."""
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
+    os.close(fd)
+    try:
+        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), SOURCE, "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"building the small-M matmul kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@functools.cache
+def load() -> str | None:
+    """Build (once per machine) and register the kernel; its FFI target name, or None where it cannot be built."""
+    cxx = compiler()
+    if cxx is None:
+        log.warning("no C++ compiler found: the small-M matmul kernel is off, XLA's dot is used")
+        return None
+    path = library_path(cxx)
+    try:
+        if not os.path.exists(path):
+            build(cxx, path)
+        lib = ctypes.cdll.LoadLibrary(path)
+    except (RuntimeError, OSError) as e:
+        log.warning("the small-M matmul kernel is off, XLA's dot is used: %s", e)
+        return None
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmul), platform="cpu")
+    return TARGET

@@ -1,0 +1,121 @@
+"""The small-M CPU matmul kernel (cpu_kernels.small_m_matmul) against its reference, and its promises: each row
+independent of M and of the thread split, the dispatch's fallbacks, gradients, vmap, errors."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cpu_kernels.small_m_matmul import MAX_ROWS, MAX_ROWS_TRANSPOSED, applies, build, matmul, small_m_matmul, small_m_matmul_reference
+
+pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
+
+# (K, N): N a multiple of 16 but not of 64 (a short last strip), of 64; K not a multiple of 16 for nn.
+NN_SHAPES = [(40, 80), (64, 192), (23, 48)]
+NT_SHAPES = [(48, 37), (64, 130), (32, 70)]        # nt: (K, N) with K % 16 == 0, any N (the 4-column blocks' remainder)
+ROWS = [1, 2, 3, 5, 6, 7, 9, 13, 24, 25, 31, 64]
+
+
+def _inputs(M, K, N, transposed, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, K), dtype=np.float32)
+    w = rng.standard_normal((N, K) if transposed else (K, N), dtype=np.float32)
+    return jnp.asarray(x), jnp.asarray(w)
+
+
+@pytest.mark.parametrize("transposed,shapes", [(False, NN_SHAPES), (True, NT_SHAPES)])
+def test_kernel_matches_float64(transposed, shapes):
+    for K, N in shapes:
+        for M in ROWS:
+            x, w = _inputs(M, K, N, transposed)
+            want = np.asarray(x, np.float64) @ (np.asarray(w, np.float64).T if transposed else np.asarray(w, np.float64))
+            got = np.asarray(jax.jit(lambda x, w: small_m_matmul(x, w, transposed))(x, w))
+            scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64).T if transposed else np.asarray(w, np.float64))
+            assert got.shape == want.shape
+            assert (np.abs(got - want) <= 1e-5 * scale + 1e-6).all(), (transposed, K, N, M)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_rows_independent_of_m_and_split(transposed):
+    """Row m of an M-row product is bit-identical to that row alone and to any thread split: a row does not depend
+    on which rows share its call."""
+    K, N = (64, 130) if transposed else (40, 80)
+    x, w = _inputs(64, K, N, transposed, seed=1)
+    alone = np.stack([np.asarray(small_m_matmul(x[m:m + 1], w, transposed))[0] for m in range(64)])
+    for M in ROWS:
+        for parts in (1, 2, 3):
+            got = np.asarray(small_m_matmul(x[:M], w, transposed, parts=parts))
+            np.testing.assert_array_equal(got, alone[:M], err_msg=f"M={M} parts={parts}")
+
+
+def test_a_planted_difference_is_seen():
+    """The identity check can fail: the same rows through XLA's dot (another summation order) differ in bits."""
+    x, w = _inputs(9, 576, 80, False, seed=2)
+    assert not np.array_equal(np.asarray(small_m_matmul(x, w)), np.asarray(small_m_matmul_reference(x, w) * (1 + 2e-7)))
+    assert not np.array_equal(np.asarray(small_m_matmul(x, w)), np.asarray(small_m_matmul(x, w * 1.0000001)))
+
+
+def test_dispatch_falls_back_where_the_kernel_does_not_apply(monkeypatch):
+    assert applies((5, 64), (64, 80), jnp.float32) is None
+    assert "bfloat16" in applies((5, 64), (64, 80), jnp.bfloat16)
+    assert f"..{MAX_ROWS}" in applies((MAX_ROWS + 1, 64), (64, 80), jnp.float32)
+    assert f"..{MAX_ROWS}" in applies((0, 64), (64, 80), jnp.float32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)    # one core: one row is XLA's
+    assert "2..64" in applies((1, 64), (64, 80), jnp.float32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert applies((1, 64), (64, 80), jnp.float32) is None
+    assert f"..{MAX_ROWS_TRANSPOSED}" in applies((MAX_ROWS_TRANSPOSED + 1, 64), (80, 64), jnp.float32, True)
+    assert "multiple of 16" in applies((5, 64), (64, 72), jnp.float32)
+    assert "multiple of 16" in applies((5, 72), (80, 72), jnp.float32, transposed=True)
+    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
+    assert "SPECJAX_SMALL_M_MATMUL" in applies((5, 64), (64, 80), jnp.float32)
+
+
+def _lowered_text(fn, *args):
+    return jax.jit(fn).lower(*args).as_text()
+
+
+def test_matmul_uses_the_kernel_only_where_it_applies():
+    x, w = _inputs(5, 64, 80, False)
+    assert build.TARGET in _lowered_text(matmul, x.reshape(1, 5, 64), w)
+    big, _ = _inputs(MAX_ROWS + 1, 64, 80, False)
+    assert build.TARGET not in _lowered_text(matmul, big, w)
+    assert build.TARGET not in _lowered_text(matmul, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    # [..., K] inputs fold into rows and come back in their shape
+    got = matmul(x.reshape(1, 5, 64), w)
+    np.testing.assert_allclose(np.asarray(got).reshape(5, 80), np.asarray(x @ w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gradients_and_vmap(transposed):
+    K, N = (64, 48)
+    x, w = _inputs(3, K, N, transposed, seed=3)
+    loss = lambda f: (lambda x, w: jnp.sum(jnp.tanh(f(x, w))))
+    got = jax.grad(loss(lambda x, w: matmul(x, w, transposed)), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(lambda x, w: small_m_matmul_reference(x, w, transposed)), argnums=(0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5)
+    xs = jnp.stack([x, 2 * x])                                    # [2, 3, K]
+    np.testing.assert_allclose(np.asarray(jax.vmap(lambda x: matmul(x, w, transposed))(xs)),
+                               np.asarray(small_m_matmul_reference(xs, w, transposed)), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_names_the_problem():
+    x, w = _inputs(3, 64, 48, False)
+    with pytest.raises(ValueError, match="K = 32"):
+        small_m_matmul(x[:, :32], w)
+    with pytest.raises(ValueError, match="2-D"):
+        small_m_matmul(x[None], w)
+
+
+def test_library_is_rebuilt_for_a_changed_source(tmp_path, monkeypatch):
+    """The cache key covers the source: an edited kernel gets a new shared object, not the stale one."""
+    cxx = build.compiler()
+    path = build.library_path(cxx)
+    src = tmp_path / "kernel.cc"
+    src.write_text(open(build.SOURCE).read() + "\n// edited\n")
+    monkeypatch.setattr(build, "SOURCE", str(src))
+    assert build.library_path(cxx) != path
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    assert build.library_path(cxx).startswith(str(tmp_path / "cache"))
