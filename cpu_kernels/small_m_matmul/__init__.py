@@ -19,6 +19,7 @@ SPECJAX_SMALL_M_MATMUL=0 turns the kernel off (every call takes XLA's dot).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -79,36 +80,21 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-@jax.custom_vjp
-def _kernel_nn(x, w):
-    return small_m_matmul(x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _differentiable_kernel(x, w, transposed):
+    return small_m_matmul(x, w, transposed)
 
 
-@jax.custom_vjp
-def _kernel_nt(x, w):
-    return small_m_matmul(x, w, transposed=True)
+def _kernel_forward(x, w, transposed):
+    return small_m_matmul(x, w, transposed), (x, w)
 
 
-def _fwd_nn(x, w):
-    return small_m_matmul(x, w), (x, w)
+def _kernel_backward(transposed, residuals, g):
+    x, w = residuals
+    return (g @ w, g.T @ x) if transposed else (g @ w.T, x.T @ g)
 
 
-def _fwd_nt(x, w):
-    return small_m_matmul(x, w, transposed=True), (x, w)
-
-
-def _bwd_nn(res, g):
-    x, w = res
-    return g @ w.T, x.T @ g
-
-
-def _bwd_nt(res, g):
-    x, w = res
-    return g @ w, g.T @ x
-
-
-_kernel_nn.defvjp(_fwd_nn, _bwd_nn)
-_kernel_nt.defvjp(_fwd_nt, _bwd_nt)
+_differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
 
 
 def matmul(x: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
@@ -120,6 +106,5 @@ def matmul(x: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
             or build.load() is None):
         return reference(x, w)
     lead = x.shape[:-1]
-    kernel = lambda x, w: (_kernel_nt if transposed else _kernel_nn)(x.reshape(-1, x.shape[-1]), w).reshape(
-        *lead, -1)
+    kernel = lambda x, w: _differentiable_kernel(x.reshape(-1, x.shape[-1]), w, transposed).reshape(*lead, -1)
     return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
