@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def cache_dir() -> str:
-    """$SPECJAX_CACHE or $XDG_CACHE_HOME/specjax or ~/.cache/specjax, then kernels/ (the GGUF cache's root)."""
+    """$SPECJAX_CACHE or $XDG_CACHE_HOME/specjax or ~/.cache/specjax, then kernels/: the root of
+    specjax.checkpoints.cache_dir, restated because importing it would import the specjax package, which imports
+    this kernel (a cycle)."""
     root = os.environ.get("SPECJAX_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specjax")
     return os.path.join(root, "kernels")
