@@ -29,19 +29,21 @@ import numpy as np
 from cpu_kernels.small_m_matmul import build
 from cpu_kernels.small_m_matmul.reference import small_m_matmul_reference
 
-__all__ = ["min_rows", "cores", "MAX_ROWS", "MAX_ROWS_TRANSPOSED", "matmul", "small_m_matmul", "small_m_matmul_reference", "applies"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "applies", "cores", "matmul", "min_rows", "small_m_matmul",
+           "small_m_matmul_reference"]
 
 # Beyond these row counts XLA's GEMM was the faster path on a 2-core AVX-512 CPU, measured over weights streamed from
 # memory (nt's blocks hold fewer rows, so it stops earlier).
-# One row: the kernel beat XLA's matrix-vector path on two cores (both targets' decode step) but lost to it on one
-# (Eigen's single-thread GEMV streamed the weights faster).
-def min_rows() -> int:
-    """The fewest rows the kernel takes: 1 with two or more cores, else 2."""
-    return 1 if cores() > 1 else 2
-
 MAX_ROWS = 64
 MAX_ROWS_TRANSPOSED = 16
-LANES = 16
+LANES = 16             # the kernel's column (nn) or K (nt) granule
+
+
+def min_rows() -> int:
+    """The fewest rows the kernel takes: 1 with two or more cores, else 2. One row: the kernel beat XLA's
+    matrix-vector path on two cores (both targets' decode step) but lost to it on one (Eigen's single-thread GEMV
+    streamed the weights faster)."""
+    return 1 if cores() > 1 else 2
 
 
 def applies(x_shape, w_shape, dtype, transposed: bool = False) -> str | None:
