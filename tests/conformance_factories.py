@@ -7,9 +7,11 @@ SpecConfig fields and the `drafter=` argument. Each factory's drafter must get s
 rejected on the test target, so that acceptance and rollback both run (the suite asserts it)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
 
 import jax
+import numpy as np
 
 import specjax
 from specjax import SamplingParams, SpecConfig
@@ -82,6 +84,11 @@ def identity_medusa(target: Model, layout: str = "shared") -> medusa.MedusaHeads
                                                                layout), "identity")
 
 
+def _most_common(c: "Case") -> int:
+    """The token the target's plain outputs use most."""
+    return max(set(t for row in c.plain for t in row), key=lambda t: sum(row.count(t) for row in c.plain))
+
+
 def guessing_dflash(c: "Case") -> dflash.DFlashWeights:
     """An untrained DFlash drafter whose every draft leans to the token the target's plain outputs use most (its
     mask embedding is that token's LM-head column; small random layers around it): some drafts accepted, most
@@ -89,9 +96,20 @@ def guessing_dflash(c: "Case") -> dflash.DFlashWeights:
     target = c.target
     cfg = dflash.dflash_config(target, num_layers=2, block_size=8, target_layers=(0, 1))
     params = dflash.init_params(jax.random.PRNGKey(3), cfg, std=0.002)
-    common = max(set(t for row in c.plain for t in row), key=lambda t: sum(row.count(t) for row in c.plain))
-    params["mask_embed"] = 10 * target_weight(target.params, "lm_head")[:, common]   # dominant over the layers
+    params["mask_embed"] = 10 * target_weight(target.params, "lm_head")[:, _most_common(c)]  # dominant over layers
     return dflash.DFlashWeights(cfg, params, "guessing-dflash")
+
+
+def guessing_dflash_vocab(c: "Case") -> dflash.DFlashWeights:
+    """guessing_dflash with a draft vocabulary: its own head over the even target tokens and the common one (the
+    target's LM-head columns), so drafts go through the scatter to the target's vocabulary and the target's plain
+    outputs often fall outside what it can draft."""
+    w = guessing_dflash(c)
+    V = c.target.config.vocab_size
+    ids = np.union1d(np.arange(0, V, 2), [_most_common(c)])
+    cfg = dataclasses.replace(w.config, draft_vocab_size=len(ids))
+    params = dict(w.params, lm_head=target_weight(c.target.params, "lm_head")[:, ids])
+    return dflash.DFlashWeights(cfg, params, "guessing-dflash-vocab", (ids - np.arange(len(ids))).astype(np.int64))
 
 
 def near_pard(target: Model) -> pard.PardModel:
@@ -142,6 +160,7 @@ FACTORIES = {
     "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
     # The test target has 2 layers: the draft pass runs layer 0 alone.
     "dflash": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash(c)),
+    "dflash-draft_vocab": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash_vocab(c)),
     "layer_skip": lambda c: (dict(method="layer_skip", num_speculative_tokens=c.k,
                                   drafter_options=dict(skip_layers=[1])), None),
     "layer_skip-dynamic_tree": lambda c: (dict(method="layer_skip", num_steps=min(c.k, 3), topk=2,

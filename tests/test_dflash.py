@@ -1,6 +1,8 @@
 """The DFlash block drafter: its context keys/values follow the committed tokens exactly (init, then commits of
 accepted paths, equal a direct computation from one full target forward), its artifact round-trips, and bad input
 is refused (exactness over k and batches is the conformance suite's: factory dflash)."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +19,12 @@ from train.losses.common import causal_forward
 from tiny import tiny_model
 
 
-def _weights(target, block_size=5, target_layers=(0, 1)):
-    cfg = dflash.dflash_config(target, num_layers=2, block_size=block_size, target_layers=target_layers)
-    return dflash.DFlashWeights(cfg, dflash.init_params(jax.random.PRNGKey(1), cfg, std=0.3), "random")
+def _weights(target, block_size=5, target_layers=(0, 1), draft_vocab=None):
+    """Random DFlash weights; draft_vocab: target ids of a draft vocabulary (its own head) or None."""
+    cfg = dflash.dflash_config(target, num_layers=2, block_size=block_size, target_layers=target_layers,
+                               draft_vocab_size=None if draft_vocab is None else len(draft_vocab))
+    d2t = None if draft_vocab is None else (np.sort(draft_vocab) - np.arange(len(draft_vocab))).astype(np.int64)
+    return dflash.DFlashWeights(cfg, dflash.init_params(jax.random.PRNGKey(1), cfg, std=0.3), "random", d2t)
 
 
 def test_context_cache_follows_the_committed_tokens():
@@ -63,14 +68,19 @@ def test_context_cache_follows_the_committed_tokens():
     assert drafts.tokens.tolist() == again.tokens.tolist()
 
 
-def test_artifact_round_trip_and_bad_input(tmp_path):
+@pytest.mark.parametrize("draft_vocab", [None, np.arange(1, 60, 3)])
+def test_artifact_round_trip_and_bad_input(tmp_path, draft_vocab):
     target = tiny_model(0)
-    w = _weights(target)
+    w = _weights(target, draft_vocab=draft_vocab)
     dflash.save(str(tmp_path / "d"), w, target, "# test drafter\n", dtype="float32")
     loaded = dflash.load(str(tmp_path / "d"), target)
     assert loaded.config == w.config
     for a, b in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(w.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if draft_vocab is not None:
+        assert loaded.d2t.dtype == np.int64 and loaded.d2t.tolist() == w.d2t.tolist()
+        drafts = _drafts(target, loaded, [[1, 2, 3, 4, 5], [9, 8, 7]])
+        assert set(np.unique(drafts)) <= set(draft_vocab.tolist())     # every draft is a draft-vocabulary token
     prompts = [[1, 2, 3, 4, 5]]
     plain = specjax.generate(target, prompts, SpecConfig(max_new_tokens=10)).tokens
     cfg = SpecConfig(method="dflash", num_speculative_tokens=4, max_new_tokens=10)
@@ -83,32 +93,69 @@ def test_artifact_round_trip_and_bad_input(tmp_path):
         specjax.generate(tiny_model(0, layers=3), prompts, cfg, drafter=str(tmp_path / "d"))
     with pytest.raises(TypeError, match="method='dflash' needs drafter="):
         specjax.generate(target, prompts, cfg)
+    if draft_vocab is not None:
+        with pytest.raises(ValueError, match="draft_vocab_size is 20 and d2t is None: a draft vocabulary needs its d2t"):
+            dflash.DFlashWeights(w.config, w.params, "no-map")
+        bad = dataclasses.replace(w, d2t=w.d2t + 10)                           # the last ids leave the vocabulary
+        dflash.save(str(tmp_path / "bad"), bad, target, "# bad map\n", dtype="float32")
+        with pytest.raises(ValueError, match=f"the d2t map does not fit the target vocabulary of {target.config.vocab_size}"):
+            dflash.load(str(tmp_path / "bad"), target)
+        with pytest.raises(ValueError, match="draft_vocab_size must be in"):
+            dataclasses.replace(w.config, draft_vocab_size=target.config.vocab_size + 1)
 
 
-def test_training_blocks_are_what_the_drafter_proposes():
+def _drafts(target, w, prompts, k=4):
+    """The drafts of one propose() after each prompt (greedy) -> int array [B, k]."""
+    cfg = w.config
+    B, P = len(prompts), max(map(len, prompts))
+    seq = jnp.asarray([p + [0] * (P - len(p)) for p in prompts], jnp.int32)
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    params = dict(w.params)
+    if cfg.draft_vocab_size is not None:
+        params["vocab_map"] = jnp.asarray(np.arange(len(w.d2t)) + w.d2t, jnp.int32)
+    drafter = dflash.DFlashDrafter(k, cfg, 32)
+    tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
+    full = causal_forward(target.params, target.config, seq, hidden_layers=cfg.target_layers)
+    cache = KVCache.init(cfg.num_layers, B, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
+    cache = drafter._write(params, cache, full.layer_hidden, jnp.zeros(B, jnp.int32)).replace(lengths=lengths - 1)
+    ctx = Context(seq, lengths, lengths, tw)
+    draft, _ = drafter.propose(params, cache, ctx, jax.random.split(jax.random.PRNGKey(0), B), SamplingParams())
+    return np.asarray(draft.tokens)
+
+
+@pytest.mark.parametrize("draft_vocab", [None, np.arange(0, 61, 2)])
+def test_training_blocks_are_what_the_drafter_proposes(draft_vocab):
     """The loss's block at anchor a (train.losses.dflash) has exactly the distributions propose() draws from after
-    the committed tokens 0..a, so training optimises what drafting uses; and the loss trains (it falls)."""
+    the committed tokens 0..a, so training optimises what drafting uses; and the loss trains (it falls). With a
+    draft vocabulary: the same over its tokens, probability 0 elsewhere."""
     from train.losses.common import frozen_target_features, labeled
     from train.losses.dflash import _blocks, dflash_accuracy, dflash_loss_fn
     import optax
+    from specjax.drafters.draft_vocab import full_vocab_logits
     target = tiny_model(0)
-    w = _weights(target)
+    w = _weights(target, draft_vocab=draft_vocab)
     cfg, k = w.config, 4
+    ids = None if draft_vocab is None else jnp.asarray(draft_vocab, jnp.int32)
+    params = w.params if ids is None else dict(w.params, vocab_map=ids)
     seq = jnp.asarray(np.random.default_rng(1).integers(1, 61, (2, 16)), jnp.int32)
     rows = labeled(seq, 1)
     tf = frozen_target_features(target.params, target.config, seq, cfg.target_layers)
     anchors = jnp.array([[7], [11]], jnp.int32)
-    logits, _, _ = _blocks(w.params, cfg, rows, target.params, tf, anchors, k)
+    logits, _, _, _, _ = _blocks(w.params, cfg, rows, target.params, tf, anchors, k, ids)
+    if ids is not None:
+        logits = full_vocab_logits(logits, ids, cfg.vocab_size)
     drafter = dflash.DFlashDrafter(k, cfg, 32)
     tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
     cache = KVCache.init(cfg.num_layers, 2, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
-    cache = drafter._write(w.params, cache, tf.layers, jnp.zeros(2, jnp.int32)).replace(lengths=anchors[:, 0])
+    cache = drafter._write(params, cache, tf.layers, jnp.zeros(2, jnp.int32)).replace(lengths=anchors[:, 0])
     ctx = Context(seq, anchors[:, 0] + 1, jnp.ones(2, jnp.int32), tw)
     sp = SamplingParams(temperature=1.0)
-    draft, _ = drafter.propose(w.params, cache, ctx, jax.random.split(jax.random.PRNGKey(0), 2), sp)
+    draft, _ = drafter.propose(params, cache, ctx, jax.random.split(jax.random.PRNGKey(0), 2), sp)
     np.testing.assert_allclose(np.asarray(draft.probs), np.asarray(jax.nn.softmax(logits[:, 0], -1)),
                                rtol=1e-4, atol=1e-6)
-    loss_fn = dflash_loss_fn(target.config, cfg, 1, anchors_per_row=4)
+    if ids is not None:
+        assert float(jnp.max(draft.probs[..., 1::2])) == 0.0                 # odd tokens are outside the vocabulary
+    loss_fn = dflash_loss_fn(target.config, cfg, 1, anchors_per_row=4, d2t=w.d2t)
     opt = optax.adam(3e-3)
     params, state = w.params, opt.init(w.params)
     step = jax.jit(lambda p, s, r: (lambda lg: (lg[0], *opt.update(lg[1], s, p)))(
@@ -119,7 +166,7 @@ def test_training_blocks_are_what_the_drafter_proposes():
         params = optax.apply_updates(params, updates)
         losses.append(float(loss))
     assert losses[-1] < 0.7 * losses[0]
-    hits, counts, chain_hits, chains = dflash_accuracy(params, target.params, target.config, cfg, seq, 1, 3)
+    hits, counts, chain_hits, chains = dflash_accuracy(params, target.params, target.config, cfg, seq, 1, 3, d2t=w.d2t)
     assert counts.tolist()[0] > 0 and int(chains) > 0 and int(chain_hits[2]) <= int(chain_hits[0])
 
 

@@ -9,7 +9,9 @@ target: ShareGPT training first turns answered by the target). Loss (train.losse
 per row at random committed positions, each filled in one forward from the target's features before its anchor;
 block position i trained toward the target's own distribution for its token, weighted --position_decay^(i-1).
 Init: N(0, 0.02) layers and fc, the mask embedding the mean of the target's token embeddings, the final norm the
-target's (the drafter reads through the target's embedding and LM head, stored nowhere here).
+target's (the drafter reads through the target's embedding and LM head, stored nowhere here). --draft_vocab_size=N
+gives it its own LM head over the N most frequent target-generated tokens of the training rows (EAGLE-3's draft
+vocabulary; initialized from the target's head columns, trained): its largest matmul N/V as wide.
 Held-out metric (dflash_accuracy): blocks anchored every 4th position of held-out rows, per block position the top-1
 agreement with the target's argmax, the chain agreement and heldout_accept_len = the expected accepted drafts of a
 block of --eval_steps drafts (on the greedy rows exactly what greedy verification accepts from that anchor).
@@ -24,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import dflash
-from train import self_distill, skeleton
+from specjax.drafters.base import target_weight
+from specjax.drafters.draft_vocab import draft_to_target
+from train import data, self_distill, skeleton
 from train.losses.dflash import dflash_accuracy, dflash_loss_fn
 
 flags.DEFINE_integer("block_size", 8, "the block: the anchor and block_size - 1 drafts (the largest k it serves)")
@@ -33,6 +37,8 @@ flags.DEFINE_list("target_layers", None, "target layers whose outputs are the co
                   "dflash.default_target_layers)")
 flags.DEFINE_integer("anchors_per_row", 8, "blocks trained per row and step")
 flags.DEFINE_float("position_decay", 0.8, "loss weight of block position i is position_decay ** (i - 1)")
+flags.DEFINE_integer("draft_vocab_size", 0, "0: draft over the target's whole vocabulary through its LM head; N: an "
+                     "own head over the N most frequent target-generated tokens of the training rows")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: drafts per block scored")
 flags.DEFINE_integer("num_train", 2048, "self-distillation rows (train.self_distill)")
 flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus (stdlib windows "
@@ -43,6 +49,7 @@ DFlash-style block drafter for {target}: {layers} decoder layer(s) (hidden {H}, 
 {n_params:,} parameters) filling a block of {bs} positions (the anchor and {k} drafts) in one forward, context =
 target layers {tl} fused. Trained on {rows} self-distillation rows ({data}), {anchors} blocks per row per step,
 position i weighted {decay}^(i-1).
+{vocab}
 Held-out ({eval_rows} rows, blocks anchored every 4th position): top-1 agreement per block position {acc}; chain
 agreement {chain}; expected accepted drafts of a {n}-draft block {accept:.3f} ({accept_g:.3f} on the greedy rows).
 Layout: specjax artifact (dflash.save; load with specjax.generate(..., SpecConfig(method="dflash"),
@@ -56,7 +63,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     ds, (prompt_len, rows, heldout, n_greedy), batches = self_distill.recipe_data(
         F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
     layers = None if not F.target_layers else [int(x) for x in F.target_layers]
-    cfg = dflash.dflash_config(target, num_layers=F.draft_layers, block_size=F.block_size, target_layers=layers)
+    cfg = dflash.dflash_config(target, num_layers=F.draft_layers, block_size=F.block_size, target_layers=layers,
+                               draft_vocab_size=F.draft_vocab_size or None)
     bad = [l for l in cfg.target_layers if not 0 <= l < tcfg.num_layers]
     if bad:
         raise ValueError(f"--target_layers {bad} out of range: the target has {tcfg.num_layers} decoder layers")
@@ -64,10 +72,15 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     params = dflash.init_params(jax.random.PRNGKey(F.seed), cfg)
     params["mask_embed"] = jnp.mean(jnp.asarray(target.params["embed"], jnp.float32), 0)
     params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
+    d2t, cov = None, {}
+    if F.draft_vocab_size:
+        d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, F.draft_vocab_size)
+        params["lm_head"] = jnp.asarray(target_weight(target.params, "lm_head"), jnp.float32)[
+            :, draft_to_target(d2t)]
     n = F.eval_steps
     if n > F.block_size - 1:
         raise ValueError(f"--eval_steps={n} scores more drafts than a block of {F.block_size} holds")
-    accuracy = jax.jit(lambda p, frozen, r: dflash_accuracy(p, frozen, tcfg, cfg, r, prompt_len, n))
+    accuracy = jax.jit(lambda p, frozen, r: dflash_accuracy(p, frozen, tcfg, cfg, r, prompt_len, n, d2t=d2t))
 
     def evaluate(params, max_tokens: int | None = None) -> dict:
         count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
@@ -80,18 +93,21 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             target=F.target, layers=cfg.num_layers, H=cfg.hidden_size, heads=cfg.num_heads, kv=cfg.num_kv_heads,
             I=cfg.intermediate_size, n_params=n_params, bs=cfg.block_size, k=cfg.block_size - 1,
             tl=list(cfg.target_layers), rows=len(batches.rows), data=F.data, anchors=F.anchors_per_row,
+            vocab=(f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the training "
+                   f"rows (coverage of label tokens: train {cov['train']:.3f}, held-out {cov['heldout']:.3f})."
+                   if d2t is not None else "Drafts over the target's whole vocabulary through its LM head."),
             decay=F.position_decay, eval_rows=record.get("heldout_rows"), n=n,
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)),
             accept=record["heldout_accept_len"], accept_g=record.get("heldout_accept_len_greedy", float("nan")))
-        dflash.save(out_dir, dflash.DFlashWeights(cfg, params, os.path.basename(os.path.normpath(out_dir))),
+        dflash.save(out_dir, dflash.DFlashWeights(cfg, params, os.path.basename(os.path.normpath(out_dir)), d2t),
                     target, notes)
         return dict(self_distillation=ds["meta"], dflash_config=cfg.to_dict(), drafter_params=n_params,
-                    anchors_per_row=F.anchors_per_row, position_decay=F.position_decay), notes
+                    anchors_per_row=F.anchors_per_row, position_decay=F.position_decay, vocab_coverage=cov), notes
 
     return skeleton.Parts(
         params, dflash_loss_fn(tcfg, cfg, prompt_len, anchors_per_row=F.anchors_per_row,
-                               position_decay=F.position_decay),
+                               position_decay=F.position_decay, d2t=d2t),
         evaluate, export, batches=batches, corpus=F.data == "corpus",
         summary=f"DFlash: {cfg.num_layers} layer(s), block {cfg.block_size}, target layers {list(cfg.target_layers)}; "
                 f"self-distillation rows {batches.rows.shape}")
@@ -100,7 +116,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 RECIPE = skeleton.Recipe(
     "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True,
     run_flags=("block_size", "draft_layers", "target_layers", "anchors_per_row", "position_decay", "num_train",
-               "data"),
+               "data", "draft_vocab_size"),
     curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_acc0"),
     defaults=dict(steps=300, lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
                   eval_tokens=16384, log_every=10, ckpt_dir="runs/dflash_ckpt", out="checkpoints/stdlib-target-dflash"))

@@ -153,12 +153,6 @@ def variant_name(cfg: eagle.EagleConfig) -> str:
     return "EAGLE-3.1" if len(opts) == 2 else "EAGLE-3" + (f" (+{opts[0]})" if opts else "")
 
 
-def coverage(rows, first: int, d2t, vocab_size: int) -> float:
-    """Share of the target-generated tokens of rows (train.data.label_tokens) inside the draft vocabulary."""
-    inside = eagle.t2d_from_d2t(d2t, vocab_size)
-    return float(inside[data.label_tokens(rows, first).astype(np.int64)].mean())
-
-
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
@@ -170,10 +164,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     is3 = cfg.kind == "eagle3"
     d2t, cov = None, {}
     if is3:
-        counts = np.bincount(data.label_tokens(rows, prompt_len).astype(np.int64), minlength=tcfg.vocab_size)
-        d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
-        cov = {"train": coverage(rows, prompt_len, d2t, tcfg.vocab_size),
-               "heldout": coverage(heldout, prompt_len, d2t, tcfg.vocab_size)}
+        d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, cfg.draft_vocab_size)
     batches = skeleton.feature_batches(run, batches, cfg.target_layers if is3 else ())
     params = init_drafter(F, target, cfg, d2t)
     loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,

@@ -62,14 +62,17 @@ def check_target(recorded: dict, target, where: str) -> None:
 
 def save_artifact(path: str | os.PathLike, kind: str, config: dict, tensors: dict[str, Any], target,
                   manifest: str, dtype: str = "bfloat16") -> None:
-    """Write a drafter artifact for `target`. tensors: flat name -> array; stored in `dtype`."""
+    """Write a drafter artifact for `target`. tensors: flat name -> array; floating ones stored in `dtype`, integer
+    ones (a vocabulary map) exactly as int64."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_NAME), "w") as f:
         json.dump({"specjax_drafter": kind, "config": config, "target": target_fingerprint(target),
                    "storage_dtype": dtype}, f, indent=1, sort_keys=True)
-    arrays = {name: np.ascontiguousarray(np.asarray(a, np.float32).astype(np_dtype)) for name, a in tensors.items()}
+    store = lambda a: (np.asarray(a, np.int64) if np.issubdtype(np.asarray(a).dtype, np.integer)
+                       else np.asarray(a, np.float32).astype(np_dtype))
+    arrays = {name: np.ascontiguousarray(store(a)) for name, a in tensors.items()}
     save_file(arrays, os.path.join(path, WEIGHTS_NAME), metadata={"specjax_drafter": kind})
     with open(os.path.join(path, MANIFEST_NAME), "w") as f:
         f.write(manifest)
@@ -77,7 +80,8 @@ def save_artifact(path: str | os.PathLike, kind: str, config: dict, tensors: dic
 
 def load_artifact(path_or_name: str | os.PathLike, target, kind: str,
                   dtype=np.float32) -> tuple[dict, dict[str, np.ndarray]]:
-    """-> (the drafter's config dict, flat name -> array) after checking the kind and the target."""
+    """-> (the drafter's config dict, flat name -> array: floating tensors in `dtype`, integer ones as stored) after
+    checking the kind and the target."""
     path = resolve(path_or_name, "drafter")
     cfg_path = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(cfg_path):
@@ -96,7 +100,8 @@ def load_artifact(path_or_name: str | os.PathLike, target, kind: str,
         raise FileNotFoundError(f"drafter directory {path} has no {MANIFEST_NAME} (how it was made is part of "
                                 "the artifact)")
     weights = SafetensorsFile(os.path.join(path, WEIGHTS_NAME))
-    return config, {name: np.asarray(weights.get(name), dtype) for name in weights.keys()}
+    read = lambda a: a if np.issubdtype(a.dtype, np.integer) else np.asarray(a, dtype)
+    return config, {name: read(np.asarray(weights.get(name))) for name in weights.keys()}
 
 
 def read_manifest_record(path: str) -> dict:

@@ -9,7 +9,10 @@ Per step, for a row whose last committed token x_L sits at position L:
           fc and a norm), as keys and values of every draft layer (each layer's own projections, cached);
   layers  pre-norm decoder layers whose queries are the block's; each block position attends to the whole context
           and to every block position (bidirectional inside the block); per-head norms on queries and keys;
-  output  the final norm, then the target's LM head at block positions 1 .. k: one distribution per draft.
+  output  the final norm, then the target's LM head at block positions 1 .. k: one distribution per draft; or,
+          with a draft vocabulary (config.draft_vocab_size = N), the drafter's own head over N frequent target
+          tokens (EAGLE-3's reduction: the full head is the drafter's largest matmul), every other token at
+          probability 0.
 Draft i is drawn from its own position's distribution (greedy: its argmax), which does not depend on the other
 drafts; speculative sampling accepts it exactly against the target at any temperature (q_i is what it was drawn
 from).
@@ -19,7 +22,8 @@ no target feature until it is verified). init writes the prompt's features; comm
 pass computed at the anchor and the accepted drafts (positions L .. L + n), as EAGLE's drafter follows the
 accepted path.
 
-Artifacts: specjax drafter directories (kind "dflash"; config + tensors + MANIFEST, the target's fingerprint), or
+Artifacts: specjax drafter directories (kind "dflash"; config + tensors (+ d2t, the draft vocabulary map, int64) +
+MANIFEST, the target's fingerprint), or
 the public DFlash layout (load_published: its per-head q/k norms, fused-feature fc and norm map one to one; its mask
 position embeds a mask token of the target's vocabulary).
 """
@@ -39,6 +43,7 @@ from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens, target_weight
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import apply_rope, rms_norm
 from specjax.sampling import SamplingParams
@@ -59,6 +64,16 @@ class DFlashConfig:
     vocab_size: int                   # the target's
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    draft_vocab_size: int | None = None  # None: the target's LM head over its whole vocabulary; N: an own head
+
+    def __post_init__(self):
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got "
+                             f"{self.draft_vocab_size!r}")
+
+    @property
+    def out_vocab_size(self) -> int:
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -80,13 +95,14 @@ def default_target_layers(num_layers: int, count: int = 5) -> tuple[int, ...]:
 
 
 def dflash_config(target, *, num_layers: int = 1, block_size: int = 8, target_layers: Sequence[int] | None = None,
-                  intermediate_size: int | None = None) -> DFlashConfig:
-    """A drafter shaped like the target's layers (hidden size, heads, head dim)."""
+                  intermediate_size: int | None = None, draft_vocab_size: int | None = None) -> DFlashConfig:
+    """A drafter shaped like the target's layers (hidden size, heads, head dim); draft_vocab_size N gives it its
+    own LM head over N target tokens."""
     tc = target.config
     layers = tuple(target_layers) if target_layers is not None else default_target_layers(tc.num_layers)
     return DFlashConfig(tc.hidden_size, num_layers, tc.num_heads, tc.num_kv_heads, tc.head_dim,
                         intermediate_size or tc.intermediate_size, layers, block_size, tc.vocab_size,
-                        tc.rms_norm_eps, tc.rope_theta)
+                        tc.rms_norm_eps, tc.rope_theta, draft_vocab_size)
 
 
 def init_params(key: jax.Array, cfg: DFlashConfig, std: float = 0.02) -> dict:
@@ -99,8 +115,11 @@ def init_params(key: jax.Array, cfg: DFlashConfig, std: float = 0.02) -> dict:
                "q_norm": jnp.ones((D,)), "k_norm": jnp.ones((D,)), "mlp_norm": jnp.ones((H,)),
                "w_gate": normal((H, I)), "w_up": normal((H, I)),
                "w_down": normal((I, H)) / math.sqrt(2 * cfg.num_layers)} for _ in range(cfg.num_layers)]
-    return {"fc": normal((len(cfg.target_layers) * H, H)), "hidden_norm": jnp.ones((H,)),
-            "mask_embed": normal((H,)), "layers": layers, "final_norm": jnp.ones((H,))}
+    params = {"fc": normal((len(cfg.target_layers) * H, H)), "hidden_norm": jnp.ones((H,)),
+              "mask_embed": normal((H,)), "layers": layers, "final_norm": jnp.ones((H,))}
+    if cfg.draft_vocab_size is not None:
+        params["lm_head"] = normal((H, cfg.draft_vocab_size))
+    return params
 
 
 def _inv_freq(cfg: DFlashConfig) -> jax.Array:
@@ -145,6 +164,13 @@ def block_forward(params: dict, cfg: DFlashConfig, x: jax.Array, positions: jax.
         h = rms_norm(x, lp["mlp_norm"], eps)
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
     return rms_norm(x, params["final_norm"], eps)
+
+
+def draft_logits(params: dict, cfg: DFlashConfig, hidden: jax.Array, target_lm_head: jax.Array) -> jax.Array:
+    """Final-normed block hidden [..., H] -> float32 logits [..., N] over the draft vocabulary (the drafter's own
+    head), or [..., V] through the target's LM head when it has none. Drafting and training share it."""
+    head = params["lm_head"] if cfg.draft_vocab_size is not None else target_lm_head
+    return (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
 
 
 def block_inputs(params: dict, embed: jax.Array, anchor: jax.Array, num_masks: int) -> jax.Array:
@@ -192,7 +218,9 @@ class DFlashDrafter:
         visible = jnp.arange(cache.size)[None, :] < cache.lengths[:, None]      # [B, S]
         hidden = block_forward(params, cfg, x, positions, [cache.keys(l) for l in range(cfg.num_layers)],
                                list(cache.v), visible)
-        logits = (hidden[:, 1:] @ w["lm_head"]).astype(jnp.float32)            # [B, k, V]
+        logits = draft_logits(params, cfg, hidden[:, 1:], w["lm_head"])          # [B, k, N | V]
+        if cfg.draft_vocab_size is not None:
+            logits = full_vocab_logits(logits, params["vocab_map"], cfg.vocab_size)   # [B, k, V]
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k]
         tokens, probs = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
             logits, step_keys)
@@ -211,6 +239,13 @@ class DFlashWeights:
     config: DFlashConfig
     params: dict
     name: str = ""
+    d2t: np.ndarray | None = None     # the draft vocabulary map (int64 [N]; target id = draft id + d2t), or None
+
+    def __post_init__(self):
+        if (self.d2t is None) != (self.config.draft_vocab_size is None):
+            raise ValueError(f"DFlash drafter {self.name!r}: draft_vocab_size is {self.config.draft_vocab_size} and "
+                             f"d2t is {'None' if self.d2t is None else 'given'}: a draft vocabulary needs its d2t map, "
+                             "the full vocabulary none")
 
 
 def _flatten(params: dict) -> dict:
@@ -221,9 +256,10 @@ def _flatten(params: dict) -> dict:
 
 
 def save(path: str, weights: DFlashWeights, target, manifest: str, dtype: str = "bfloat16") -> None:
-    artifacts.save_artifact(path, KIND, weights.config.to_dict(),
-                            {k: np.asarray(v) for k, v in _flatten(jax.device_get(weights.params)).items()},
-                            target, manifest, dtype)
+    tensors = {k: np.asarray(v) for k, v in _flatten(jax.device_get(weights.params)).items()}
+    if weights.d2t is not None:
+        tensors["d2t"] = np.asarray(weights.d2t, np.int64)
+    artifacts.save_artifact(path, KIND, weights.config.to_dict(), tensors, target, manifest, dtype)
 
 
 def load(path_or_name: str, target) -> DFlashWeights:
@@ -243,7 +279,14 @@ def load(path_or_name: str, target) -> DFlashWeights:
     params = {k: jnp.asarray(tensors[k]) for k in want if not k.startswith("layers.")}
     params["layers"] = [{k.split(".", 2)[2]: jnp.asarray(tensors[k]) for k in want if k.startswith(f"layers.{i}.")}
                         for i in range(cfg.num_layers)]
-    return DFlashWeights(cfg, params, str(path_or_name))
+    d2t = None
+    if cfg.draft_vocab_size is not None:
+        if "d2t" not in tensors:
+            raise ValueError(f"DFlash artifact {path_or_name!r} has a draft vocabulary of {cfg.draft_vocab_size} but "
+                             "no d2t map")
+        d2t = check_vocab_map(tensors["d2t"], cfg.vocab_size, cfg.draft_vocab_size,
+                              f"DFlash artifact {path_or_name!r}")
+    return DFlashWeights(cfg, params, str(path_or_name), d2t)
 
 
 def _published_value(hf: dict, name: str, default=None):
@@ -327,7 +370,10 @@ def _build(req: BuildRequest):
     if config.k > cfg.block_size - 1:
         raise ValueError(f"k={config.k} drafts more positions than the DFlash drafter {weights.name!r} fills (its "
                          f"block is {cfg.block_size}: the anchor and {cfg.block_size - 1} drafts)")
-    return DFlashDrafter(config.k, cfg, req.buffer_len), weights.params
+    params = weights.params
+    if cfg.draft_vocab_size is not None:
+        params = dict(params, vocab_map=jnp.asarray(draft_to_target(weights.d2t), jnp.int32))
+    return DFlashDrafter(config.k, cfg, req.buffer_len), params
 
 
 register(DrafterSpec(KIND, _build, accepts="a DFlash directory (ours or the public layout), a shipped name or "

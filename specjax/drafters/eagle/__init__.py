@@ -31,7 +31,8 @@ from specjax.drafters.eagle.checkpoint import (VOCAB_MAP_NAME, check_target, exp
                                                save)
 from specjax.drafters.eagle.config import (KINDS, EagleConfig, EagleWeights, default_target_layers, eagle_config,
                                            init_params, reference_target_layers)
-from specjax.drafters.eagle.drafter import NEG_LOGIT, EagleDrafter, EagleState   # registers "eagle", "eagle3"
+from specjax.drafters.draft_vocab import NEG_LOGIT
+from specjax.drafters.eagle.drafter import EagleDrafter, EagleState   # registers "eagle", "eagle3"
 from specjax.drafters.eagle.model import draft_logits, forward_sequence, project_features, ttt_forward, ttt_mask
 from specjax.drafters.eagle.vocab import (check_vocab_map, draft_to_target, restrict_draft_vocab, t2d_from_d2t,
                                           target_to_draft, vocab_map_from_counts)

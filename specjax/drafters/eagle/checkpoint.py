@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.eagle.config import KINDS, EagleConfig, EagleWeights, reference_target_layers
-from specjax.drafters.eagle.vocab import check_vocab_map, t2d_from_d2t
+from specjax.drafters.draft_vocab import check_vocab_map, t2d_from_d2t
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import SafetensorsFile
 

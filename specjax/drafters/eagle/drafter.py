@@ -34,18 +34,16 @@ from jax.sharding import PartitionSpec as P
 from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.eagle.checkpoint import check_target, load
 from specjax.drafters.eagle.config import EagleConfig, EagleWeights
 from specjax.drafters.eagle.model import (draft_logits, embed_table, layer_inputs, layer_output, project_features,
                                           project_qkv)
-from specjax.drafters.eagle.vocab import draft_to_target
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec, leaf_spec
 from specjax.models.llama import attention
 from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec, mask_from_parents
-
-NEG_LOGIT = -1e30                 # logits of target tokens outside an EAGLE-3 draft vocabulary (probability 0)
 
 
 class EagleState(NamedTuple):
@@ -101,9 +99,8 @@ class EagleDrafter:
         """[..., H] -> float32 logits over the TARGET vocabulary [..., V]."""
         if self.config.kind == "eagle":
             return draft_logits(params, self.config, hidden, ctx.target_weights)
-        d = draft_logits(params, self.config, hidden)                          # [..., N]
-        full = jnp.full(d.shape[:-1] + (self.config.vocab_size,), NEG_LOGIT, jnp.float32)
-        return full.at[..., params["vocab_map"]].set(d)
+        return full_vocab_logits(draft_logits(params, self.config, hidden), params["vocab_map"],
+                                 self.config.vocab_size)
 
     # -- protocol
     def init(self, params, ctx: Context, target_out, sp):
