@@ -1,8 +1,8 @@
 """Train a DFlash-style block drafter (specjax.drafters.dflash) for a target on its own answers.
 
     python -m train.dflash                                        # the toy target, corpus rows
-    python -m train.dflash --target=smollm2-135m --data=chat --block_size=8 \
-        --ckpt_dir=runs/dflash_smollm2 --out=checkpoints/smollm2-135m-dflash
+    python -m train.dflash --target=smollm2-135m --data=chat --feature_cache --block_size=8 --draft_layers=2 \
+        --draft_vocab_size=8192 --ckpt_dir=runs/dflash_smollm2 --out=checkpoints/smollm2-135m-dflash
 
 Data: the self-distillation rows the EAGLE and Medusa recipes train on (train.self_distill; --data=chat for a chat
 target: ShareGPT training first turns answered by the target). Loss (train.losses.dflash): --anchors_per_row blocks
