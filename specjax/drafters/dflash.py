@@ -71,10 +71,6 @@ class DFlashConfig:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got "
                              f"{self.draft_vocab_size!r}")
 
-    @property
-    def out_vocab_size(self) -> int:
-        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
-
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["target_layers"] = list(self.target_layers)
