@@ -5,7 +5,8 @@ greedy matrix checks that, so comparing with plain saves a compile per factory.)
 
 Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model, ngram,
 predicted, medusa (shared and target_head projections), eagle (eagle, eagle3), suffix (its global cache on
-the mesh), lookahead, mtp (mtp, mtp_heads), pard, layer_skip (drafting over the target's sharded cache), dflash --
+the mesh), lookahead, mtp (mtp, mtp_heads), pard, layer_skip (drafting over the target's sharded cache), dflash (and dflash-draft_vocab: draft_vocab.py's map and its scatter to
+the target's vocabulary, saved as an artifact with its int64 d2t and loaded by path) --
 and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the
 way: saved as a drafter artifact and passed as a directory, so the artifact convention is exercised on the mesh
 too."""
@@ -44,6 +45,10 @@ def main() -> None:
             from specjax.drafters import medusa
             medusa.save_heads(os.path.join(tmp, "heads"), drafter, target, "# conformance heads\n", dtype="float32")
             drafter = os.path.join(tmp, "heads")
+        if name == "dflash-draft_vocab":      # the d2t map (an integer tensor) through the artifact convention
+            from specjax.drafters import dflash
+            dflash.save(os.path.join(tmp, "dflash"), drafter, target, "# conformance block drafter\n", dtype="float32")
+            drafter = os.path.join(tmp, "dflash")
         res = specjax.generate(target, prompts, SpecConfig(**kw, max_new_tokens=MAX_NEW), drafter=drafter, mesh=mesh)
         out["tokens"][name] = res.tokens
         out["stats"][name] = {k: res.stats[k] for k in ("accepted", "rejected")}
