@@ -101,9 +101,9 @@ TREE_CASES = [
 ]
 
 
-# The reference in both formulations and both key layouts (a CPU cache stores its keys slots-last).
+# The reference in every formulation and both key layouts (a CPU cache stores its keys slots-last).
 REFERENCE_VARIANTS = pytest.mark.parametrize("formulation, keys_transposed", [
-    ("dot", False), ("fused", False), ("dot", True), ("fused", True)])
+    (f, t) for f in ("dot", "fused", "fused_scores") for t in (False, True)])
 
 
 def key_layout(k, keys_transposed):
@@ -137,14 +137,32 @@ def test_reference_tree_equals_naive_path(formulation, keys_transposed):
 
 
 def test_reference_auto_formulation_by_size():
-    """On a CPU "auto" takes the fused loops for a few query rows over a large cache, the dots otherwise; both
-    give the naive answer (checked above), so the choice only moves time."""
-    from pallas_kernels.verify_attention.reference import FUSED_MIN_KV_BYTES, FUSED_MAX_ROWS, _use_fused
-    assert _use_fused("auto", FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES) == (jax.default_backend() == "cpu")
-    assert not _use_fused("auto", FUSED_MAX_ROWS + 1, FUSED_MIN_KV_BYTES)
-    assert not _use_fused("auto", 2, FUSED_MIN_KV_BYTES - 1)
+    """On a CPU "auto" takes the fused loops for a few query rows over a large cache, the dots otherwise, and for
+    one new entry in all over keys stored slots-last the fused scores with the values' dot; every formulation gives
+    the naive answer (checked above), so the choice only moves time."""
+    from pallas_kernels.verify_attention.reference import FUSED_MIN_KV_BYTES, FUSED_MAX_ROWS, _formulation
+    cpu = jax.default_backend() == "cpu"
+    assert _formulation("auto", 2, 4, FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES, True) == (cpu, cpu)
+    assert _formulation("auto", 2, 4, FUSED_MAX_ROWS + 1, FUSED_MIN_KV_BYTES, True) == (False, False)
+    assert _formulation("auto", 2, 4, 2, FUSED_MIN_KV_BYTES - 1, False) == (False, False)
+    for kv_bytes in (0, FUSED_MIN_KV_BYTES):                   # a batch-1 decode step, either size
+        assert _formulation("auto", 1, 1, 3, kv_bytes, True) == (cpu, False)
+    assert _formulation("auto", 2, 1, 3, 0, True) == (False, False)
+    assert _formulation("auto", 1, 1, 3, 0, False) == (False, False)
+    assert _formulation("fused_scores", 8, 5, 40, 0, False) == (True, False)
     with pytest.raises(ValueError, match="formulation"):
-        _use_fused("einsum", 2, 0)
+        _formulation("einsum", 1, 1, 2, 0, True)
+
+
+def test_reference_single_entry_equals_naive():
+    """The batch-1 decode step's shape (one new entry), where "auto" mixes the two formulations on a CPU."""
+    q, k, v, lengths = make_inputs(1, 1, 20, 4, 2, 16, jnp.float32, [13])
+    for keys_transposed in (False, True):
+        out, lse = verify_attention_reference(q, key_layout(k, keys_transposed), v, lengths, return_lse=True,
+                                              keys_transposed=keys_transposed)
+        want, want_lse = naive(q, k, v, lengths)
+        check(out, want, jnp.float32, "reference out, one new entry")
+        check(lse, want_lse, jnp.float32, "reference lse, one new entry")
 
 
 @pytest.mark.parametrize("impl,kw", KERNELS)

@@ -45,15 +45,27 @@ def visibility(lengths: jax.Array, num_new: int, num_cols: int, mask: jax.Array 
 # that size, so the rule serves both layouts.
 FUSED_MAX_ROWS = 16
 FUSED_MIN_KV_BYTES = 4 << 20
-FORMULATIONS = ("auto", "dot", "fused")
+FORMULATIONS = ("auto", "dot", "fused", "fused_scores")
 
 
-def _use_fused(formulation: str, rows: int, kv_bytes: int) -> bool:
+def _formulation(formulation: str, batch: int, num_new: int, rows: int, kv_bytes: int,
+                 keys_transposed: bool) -> tuple[bool, bool]:
+    """-> (scores by the fused reduction, output by the fused reduction); dots where False."""
     if formulation not in FORMULATIONS:
         raise ValueError(f"unknown formulation {formulation!r}; expected one of {FORMULATIONS}")
-    if formulation == "auto":
-        return jax.default_backend() == "cpu" and rows <= FUSED_MAX_ROWS and kv_bytes >= FUSED_MIN_KV_BYTES
-    return formulation == "fused"
+    if formulation != "auto":
+        return formulation != "dot", formulation == "fused"
+    if jax.default_backend() != "cpu":
+        return False, False
+    if batch * num_new == 1 and keys_transposed:
+        # One new entry in all (a batch-1 decode step): XLA:CPU writes it into the cache with a one-slot
+        # dynamic-update-slice, which it duplicates into an elementwise consumer of the updated buffer (the
+        # scores dot's operand, the values' mask) and then copies the whole buffer for, every layer of every
+        # step (much of a step at a long context). It does not fuse the write into the scores'
+        # reduction or the values' dot, and that pair also reads the cache fastest at this shape.
+        return True, False
+    fused = rows <= FUSED_MAX_ROWS and kv_bytes >= FUSED_MIN_KV_BYTES
+    return fused, fused
 
 
 def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
@@ -65,11 +77,12 @@ def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     node j). Returns out [B, T, Hq, D] (q's dtype) and, if return_lse, the log-sum-exp [B, T, Hq] in float32.
 
     formulation (static): "dot" computes scores and output with batched matmuls over (row, kv head); "fused" with
-    elementwise products and sums that XLA fuses into passes over K and V. The same math in a different summation
-    order. On a CPU, decoding a batch is bound by reading the cache, and over keys laid out [S, D] the matmuls, each
-    only T x G rows tall, read it far slower than the fused loops. "auto": fused on a CPU for at most
-    FUSED_MAX_ROWS query rows per kv head over at least FUSED_MIN_KV_BYTES of K and V, dots otherwise (prefill,
-    large trees, accelerators).
+    elementwise products and sums that XLA fuses into passes over K and V; "fused_scores" the scores fused and the
+    output by the dot. The same math in a different summation order. On a CPU, decoding a batch is bound by
+    reading the cache, and over keys laid out [S, D] the matmuls, each only T x G rows tall, read it far slower
+    than the fused loops. "auto": on a CPU, fused_scores for one new entry in all over keys stored slots-last (a
+    batch-1 decode step), fused for at most FUSED_MAX_ROWS query rows per kv head over at least
+    FUSED_MIN_KV_BYTES of K and V; dots otherwise (prefill, large trees, accelerators).
 
     keys_transposed (static): K stored slots-last. On a CPU the scores then reduce over the slots' axis as the
     minor one instead of over D (a few dozen elements per output), which XLA runs much faster in either
@@ -79,14 +92,15 @@ def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     group = Hq // Hkv
     M = group * T
     scale = D ** -0.5 if sm_scale is None else sm_scale
-    fused = _use_fused(formulation, M, 2 * k_cache.size * k_cache.dtype.itemsize)
+    fused_scores, fused_values = _formulation(formulation, B, T, M, 2 * k_cache.size * k_cache.dtype.itemsize,
+                                              keys_transposed)
     vis = visibility(lengths, T, S, mask, q_positions, sliding_window)        # [B, T, S]
     # Rows m = g * T + t of one kv head: the products then read the cache where it lies, no transposed copy of it.
     vis = jnp.broadcast_to(vis[:, None, None], (B, 1, group, T, S)).reshape(B, 1, M, S)
     qg = q.reshape(B, T, Hkv, group, D).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, M, D)
-    if fused and keys_transposed:
+    if fused_scores and keys_transposed:
         s = jnp.sum(qg.astype(jnp.float32)[..., None] * k_cache.astype(jnp.float32)[:, :, None], axis=3)
-    elif fused:
+    elif fused_scores:
         s = jnp.sum(qg.astype(jnp.float32)[:, :, :, None, :] * k_cache.astype(jnp.float32)[:, :, None], axis=-1)
     else:
         layout = "bkds" if keys_transposed else "bksd"
@@ -99,7 +113,7 @@ def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     # Unused slots may hold NaN (tests poison them); 0 * NaN is NaN, so zero the values we never read.
     col_ok = jnp.arange(S)[None, :] < lengths[:, None]                        # [B, S]
     v = jnp.where(col_ok[:, None, :, None], v_cache, 0).astype(jnp.float32)
-    if fused:
+    if fused_values:
         o = jnp.sum(p[..., None] * v[:, :, None], axis=3)                     # [B, Hkv, M, D]
     else:
         o = jnp.einsum("bkms,bksd->bkmd", p, v)
