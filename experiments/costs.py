@@ -9,6 +9,11 @@ which on a ~1 ms CPU step inflates the verify-cost ratio and c.
 """
 from __future__ import annotations
 
+import collections
+import glob
+import re
+import shutil
+import tempfile
 import time
 from typing import Any, Callable, Mapping
 
@@ -196,3 +201,32 @@ def roofline_inputs(model, context: int) -> dict:
     attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
     return dict(param_bytes=params * itemsize, kv_bytes_per_token=kv_per_token, context_len=context,
                 flops_per_token=2 * params + attention)
+
+
+def thunk_profile(call: Callable[[], Any], calls: int = 1) -> dict[str, tuple[float, float]]:
+    """call() `calls` times under jax.profiler (warm it up first: compilation is not what this is for) ->
+    {XLA operation kind: (thread ms, executions)} summed over the calls, every executed thunk on every XLA host
+    thread, by its HLO name without the numeric suffix (`ynn_fusion`: a matmul handed to YNNPACK, `copy`,
+    `ffi_call`: a custom call such as the small-M matmul kernel, `cond`: a conditional with its branch). A kind that
+    runs on two threads at once counts twice: this is CPU time, not wall time."""
+    where = tempfile.mkdtemp(prefix="thunk_profile_")
+    try:
+        with jax.profiler.trace(where):
+            for _ in range(calls):
+                jax.block_until_ready(call())
+        data = jax.profiler.ProfileData.from_file(glob.glob(f"{where}/**/*.xplane.pb", recursive=True)[0])
+        ns, count = collections.Counter(), collections.Counter()
+        for plane in data.planes:
+            for line in plane.lines:
+                if "Eigen" not in line.name and "PjRt" not in line.name:      # XLA's host threads only
+                    continue
+                for ev in line.events:
+                    # containers (the executor, the loop) and waits: their time is their contents'
+                    if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
+                        continue
+                    kind = re.sub(r"[.\d]+$", "", ev.name)
+                    ns[kind] += ev.duration_ns
+                    count[kind] += 1
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    return {kind: (ns[kind] / 1e6, float(count[kind])) for kind in ns}

@@ -21,14 +21,9 @@ Rows are written with experiments.tables.write_table under --out (default runs/f
 """
 from __future__ import annotations
 
-import collections
 import contextlib
-import glob
 import itertools
 import os
-import re
-import shutil
-import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -59,28 +54,10 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[s
     fn, params, cache = costs.looped_forward(model, context, T, batch, inner=INNER)
     fresh = lambda: jax.tree.map(jnp.copy, cache)               # the loop donates its cache
     jax.block_until_ready(fn(params, fresh()))
-    where = tempfile.mkdtemp(prefix="forward_profile_")
-    try:
-        with jax.profiler.trace(where):
-            for _ in range(calls):
-                jax.block_until_ready(fn(params, fresh()))
-        data = jax.profiler.ProfileData.from_file(glob.glob(f"{where}/**/*.xplane.pb", recursive=True)[0])
-        ns, count = collections.Counter(), collections.Counter()
-        for plane in data.planes:
-            for line in plane.lines:
-                if "Eigen" not in line.name and "PjRt" not in line.name:      # XLA's host threads only
-                    continue
-                for ev in line.events:
-                    # containers (the executor, the loop) and waits: their time is their contents'
-                    if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
-                        continue
-                    kind = re.sub(r"[.\d]+$", "", ev.name)
-                    ns[kind] += ev.duration_ns
-                    count[kind] += 1
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
+    caches = iter([jax.block_until_ready(fresh()) for _ in range(calls)])    # copied before the profile
+    kinds = costs.thunk_profile(lambda: fn(params, next(caches)), calls)
     n = calls * INNER
-    return {kind: (ns[kind] / 1e6 / n, count[kind] / n) for kind in ns}
+    return {kind: (ms / n, count / n) for kind, (ms, count) in kinds.items()}
 
 
 MATMUL_PATHS = {"kernel": "1", "xla": "0"}          # the value of SPECJAX_SMALL_M_MATMUL each path traces with

@@ -7,6 +7,7 @@ setting is an argument, so any experiment can import it.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -96,6 +97,36 @@ def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
         totals.update(metrics.rates(*(totals[key] for key in ("generated_tokens", "first_tokens", "target_passes",
                                                                "accepted", "drafted", "accept_hist", "wall_s"))))
     return results
+
+
+def loop_profile(target, ids: list[list[int]], config: SpecConfig, drafter: Any = None, calls: int = 2,
+                 top: int = 8) -> dict:
+    """Where one decode call's loop iterations go: ids decoded as one batch by `config`, `calls` calls after a
+    warm-up under jax.profiler (costs.thunk_profile), less the same calls generating one token (the prefill and
+    the drafter's init, no loop iteration) -> {"iterations": loop iterations per call, "thread_ms": CPU ms per
+    iteration, "copy_thread_ms": the `copy` kinds' part of it, "ops": the `top` kinds by time, {kind: {"thread_ms",
+    "per_iteration"}} per iteration}."""
+    def profile(cfg):
+        prepared = api.prepare(target, ids, cfg, drafter=drafter, pad_to=max(map(len, ids)))
+        result = api.run(prepared)
+        return result, costs.thunk_profile(lambda: api.run(prepared), calls)
+    result, kinds = profile(config)
+    _, before_loop = profile(dataclasses.replace(config, max_new_tokens=1))
+    trace = result.stats.get("accept_trace")
+    iterations = result.stats["target_passes"] if len(ids) == 1 or trace is None else int(np.shape(trace)[1])
+    n = calls * iterations
+    per_iteration = {kind: ((ms - before_loop.get(kind, (0.0, 0.0))[0]) / n,
+                            (c - before_loop.get(kind, (0.0, 0.0))[1]) / n) for kind, (ms, c) in kinds.items()}
+    ranked = sorted(per_iteration.items(), key=lambda kv: -kv[1][0])
+    return dict(iterations=iterations, thread_ms=sum(ms for ms, _ in per_iteration.values()),
+                copy_thread_ms=sum(ms for kind, (ms, _) in per_iteration.items() if kind.startswith("copy")),
+                ops={kind: {"thread_ms": round(ms, 4), "per_iteration": round(c, 1)} for kind, (ms, c) in ranked[:top]})
+
+
+def profile_line(profile: dict) -> str:
+    """loop_profile's result in one line."""
+    return (f"{profile['thread_ms']:.2f} thread ms per iteration (copies {profile['copy_thread_ms']:.3f}): "
+            + "; ".join(f"{k} {v['thread_ms']:.3f} x{v['per_iteration']:.0f}" for k, v in profile["ops"].items()))
 
 
 def measured_context(target, prompts: Sequence, max_new_tokens: int, prepared: api.Prepared) -> int:

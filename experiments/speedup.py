@@ -94,6 +94,9 @@ flags.DEFINE_list("draft_len_schedule", ["8:k"], "batch sweeps: the dynamic poli
 flags.DEFINE_float("acceptance_rate_threshold", None, "batch sweeps: the dynamic policy's acceptance-rate switch "
                    "(None: off)")
 flags.DEFINE_integer("acceptance_rate_window_size", 16, "speculative steps the acceptance rate is taken over")
+flags.DEFINE_bool("profile", False, "also profile each row's decode loop and its plain baseline by XLA operation "
+                  "(experiments.harness.loop_profile: CPU ms per loop iteration by kind, on the row's first prompt or "
+                  "its batch), printed and stored in the row as `profile` / `plain_profile`")
 flags.DEFINE_list("drafter_modules", [], "importable modules that register extra drafters (specjax.drafters."
                   "registry.register), imported before the runs; e.g. _repeat_last_drafter with PYTHONPATH=tests")
 
@@ -265,6 +268,13 @@ def one_at_a_time() -> None:
                             decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms))
         print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, per-position acceptance "
               f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
+        if FLAGS.profile:
+            first = [harness.prompt_ids(target, prompts[0])]
+            one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
+            records[-1].update(plain_profile=harness.loop_profile(target, first, plain_config),
+                               profile=harness.loop_profile(target, first, config, one))
+            print(f"    plain: {harness.profile_line(records[-1]['plain_profile'])}\n"
+                  f"    {name}: {harness.profile_line(records[-1]['profile'])}", flush=True)
         if stem:                            # after every row, so a crash later loses nothing measured
             write_table(records, stem, meta=flag_values("target", "runs", "num_prompts", "max_new_tokens",
                                                         "temperature", "rounds", "drafters", "seed"))
@@ -370,6 +380,9 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             rec = {"batch": B, "prompts": pset, "method": run["label"] or method + (f"/{tree}" if tree else ""),
                    **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
                                            (peak_flops, bandwidth))}
+            if FLAGS.profile:
+                rec.update(plain_profile=harness.loop_profile(target, ids, plain_config),
+                           profile=harness.loop_profile(target, ids, config, drafter))
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={rec['k']}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
                   f"spec {rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {rec['predicted']:.2f}x, "
@@ -380,6 +393,9 @@ def batch_sweep(batch_sizes: list[int]) -> None:
                      if policy else "")
                   + (f"; plain timed again: {rec['plain_repeat']:.2f}x" if rec.get("policy_program") == "plain"
                      else ""), flush=True)
+            if FLAGS.profile:
+                print(f"    plain: {harness.profile_line(rec['plain_profile'])}\n"
+                      f"    {rec['method']}: {harness.profile_line(rec['profile'])}", flush=True)
 
     print(f"\n{FLAGS.target}, {FLAGS.max_new_tokens} new tokens per row, EOS ignored; one call per batch; fastest "
           f"of {rounds} alternating rounds")

@@ -73,3 +73,18 @@ def test_measure_batch_times_plain_spec_and_policy(target, near_draft):
     row = harness.measure_batch(target, ids[:1], plain, config, near_draft, policy, 1, machine)
     assert row["policy_program"] == "fixed" and row["policy_k"] == 3 and row["policy_speedup"] == row["speedup"]
     assert math.isnan(row["plain_repeat"]) and row["exact"] == "yes"
+
+
+def test_loop_profile_counts_loop_iterations_only(target, near_draft):
+    """Thunks per loop iteration: the one-token call (prefill, no iteration) is subtracted, so every kind's
+    executions per iteration are whole-call counts less the prefill's, never negative; the loop runs max_new - 1
+    iterations of plain decoding (the first token comes from the prefill)."""
+    ids = ragged_prompts(1, seed=2)
+    plain = harness.loop_profile(target, ids, SpecConfig(max_new_tokens=9, stop_at_eos=False), calls=1, top=50)
+    assert plain["iterations"] == 8 and plain["thread_ms"] > 0 and plain["ops"]
+    assert all(op["per_iteration"] >= 0 for op in plain["ops"].values())
+    assert max(op["per_iteration"] for op in plain["ops"].values()) >= 1
+    config = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=9, stop_at_eos=False)
+    spec = harness.loop_profile(target, ids, config, near_draft, calls=1)
+    assert 1 <= spec["iterations"] <= 8 and spec["thread_ms"] > 0 and len(spec["ops"]) <= 8
+    assert "thread ms per iteration" in harness.profile_line(spec)
