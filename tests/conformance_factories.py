@@ -161,6 +161,9 @@ FACTORIES = {
     # The test target has 2 layers: the draft pass runs layer 0 alone.
     "dflash": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash(c)),
     "dflash-draft_vocab": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash_vocab(c)),
+    "dflash-static_tree": lambda c: (dict(method="dflash", tree_choices=binary_tree(c.k)), guessing_dflash(c)),
+    "dflash-dynamic_tree": lambda c: (dict(method="dflash", num_steps=min(c.k, 3), topk=2, num_draft_tokens=c.k + 1),
+                                      guessing_dflash_vocab(c)),
     "layer_skip": lambda c: (dict(method="layer_skip", num_speculative_tokens=c.k,
                                   drafter_options=dict(skip_layers=[1])), None),
     "layer_skip-dynamic_tree": lambda c: (dict(method="layer_skip", num_steps=min(c.k, 3), topk=2,

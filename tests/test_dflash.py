@@ -189,3 +189,56 @@ def test_published_layout_loads_to_the_same_drafter(tmp_path):
     write_dflash_layout(str(tmp_path / "bad"), w, 99)              # a mask token the target does not have
     with pytest.raises(ValueError, match="embeds mask token 99, outside the target's vocabulary of 61"):
         specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "bad"))
+
+
+def test_trees_come_from_the_block_top_tokens():
+    """DDTree's idea: the static tree's depth-d node of rank r holds block position d's r-th token (whatever its
+    parent); the dynamic tree's nodes are paths of block top tokens ranked by summed log-probability, its first
+    child the block's greedy draft; a tree deeper than the block is refused (exactness: conformance factories
+    dflash-static_tree, dflash-dynamic_tree)."""
+    from specjax.trees import TreeSpec
+    target = tiny_model(0)
+    w = _weights(target, block_size=5)
+    cfg, B, P = w.config, 2, 7
+    seq = jnp.asarray(np.random.default_rng(4).integers(1, 61, (B, P)), jnp.int32)
+    lengths = jnp.full((B,), P, jnp.int32)
+    tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
+    full = causal_forward(target.params, target.config, seq, hidden_layers=cfg.target_layers)
+    chain = dflash.DFlashDrafter(4, cfg, 32)
+    cache = KVCache.init(cfg.num_layers, B, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
+    cache = chain._write(w.params, cache, full.layer_hidden, jnp.zeros(B, jnp.int32)).replace(lengths=lengths - 1)
+    ctx = Context(seq, lengths, lengths, tw)
+    logits = np.asarray(chain.block_logits(w.params, cache, ctx))                   # [B, 4, V]
+    order = np.argsort(-logits, axis=-1, kind="stable")
+    keys = jax.random.split(jax.random.PRNGKey(0), B)
+
+    spec = TreeSpec.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    static = dflash.DFlashDrafter(6, cfg, 32, tree=spec)
+    draft, _ = static.propose(w.params, cache, ctx, keys, SamplingParams())
+    tokens = np.asarray(draft.tree.tokens)
+    assert (tokens[:, 0] == np.asarray(seq[:, -1])).all()                            # the root: the anchor
+    for node in range(1, spec.num_nodes):
+        d, r = int(spec.depths[node]), int(spec.ranks[node])
+        assert (tokens[:, node] == order[:, d - 1, r]).all(), node
+
+    dynamic = dflash.DFlashDrafter(5, cfg, 32, num_steps=3, topk=2)
+    draft, _ = dynamic.propose(w.params, cache, ctx, keys, SamplingParams())
+    tree = draft.tree
+    parents, tokens = np.asarray(tree.parents), np.asarray(tree.tokens)
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
+    greedy = chain.propose(w.params, cache, ctx, keys, SamplingParams())[0].tokens
+    for b in range(B):
+        child = [n for n in range(1, 6) if parents[b, n] == 0]
+        assert tokens[b, child[0]] == int(greedy[b, 0])                           # the best root child first
+        for n in range(1, 6):                     # every node is one of its block position's top-2 tokens
+            d = 0
+            up = n
+            while up != 0:
+                up, d = int(parents[b, up]), d + 1
+            assert tokens[b, n] in order[b, d - 1, :2], (b, n)
+    target_prompts = [[1, 2, 3, 4, 5]]
+    with pytest.raises(ValueError, match="a tree 5 deep"):
+        specjax.generate(target, target_prompts, SpecConfig(method="dflash", tree_choices=[(0,), (0, 0), (0, 0, 0),
+                                                                                              (0, 0, 0, 0),
+                                                                                              (0, 0, 0, 0, 0)]),
+                         drafter=w)

@@ -3,8 +3,9 @@ decoder layers fill a block of k mask positions after the last committed token i
 own features of every committed position as keys and values ("KV injection").
 
 Per step, for a row whose last committed token x_L sits at position L:
-  block   [embed(x_L), m, m, ..., m] at positions L .. L + k (m: the drafter's learned mask embedding; the anchor's
-          embedding is the target's);
+  block   [embed(x_L), m, m, ..., m] at positions L .. L + block_size - 1, the whole trained block whatever k
+          (attention inside it is bidirectional) (m: the drafter's learned mask embedding; the anchor's embedding
+          is the target's);
   context the target's features of positions 0 .. L - 1 (the outputs of config.target_layers, concatenated, through
           fc and a norm), as keys and values of every draft layer (each layer's own projections, cached);
   layers  pre-norm decoder layers whose queries are the block's; each block position attends to the whole context
@@ -15,7 +16,10 @@ Per step, for a row whose last committed token x_L sits at position L:
           probability 0.
 Draft i is drawn from its own position's distribution (greedy: its argmax), which does not depend on the other
 drafts; speculative sampling accepts it exactly against the target at any temperature (q_i is what it was drawn
-from).
+from). Trees (DDTree's idea, through the shared tree search): a static tree (tree_choices) whose depth-d nodes
+hold block position d's top tokens by rank, or a dynamic tree (num_steps, topk, num_draft_tokens) searched
+best-first over the positions' log-probabilities; deterministic top-k children, exact at any temperature; still
+one drafter forward per step.
 
 State: the context keys/values of every draft layer (a KVCache whose lengths = committed tokens - 1: the anchor has
 no target feature until it is verified). init writes the prompt's features; commit writes the features the verify
@@ -38,7 +42,9 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
@@ -47,6 +53,7 @@ from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import apply_rope, rms_norm
 from specjax.sampling import SamplingParams
+from specjax.trees import TreeSpec
 
 KIND = "dflash"
 
@@ -181,11 +188,23 @@ class DFlashDrafter:
     k: int
     config: DFlashConfig
     cache_size: int
+    tree: TreeSpec | None = None     # a static tree: a node of depth d and rank r holds block position d's r-th token
+    num_steps: int = 0               # a dynamic tree (with topk): num_steps block positions searched best-first
+    topk: int = 0
     target_weights = ("embed", "lm_head")
 
     @property
     def target_layers(self) -> tuple[int, ...]:
         return self.config.target_layers
+
+    @property
+    def is_tree(self) -> bool:
+        return self.tree is not None or self.num_steps > 0
+
+    @property
+    def block_drafts(self) -> int:
+        """Block positions after the anchor that one propose fills: a chain's k, a tree's depth."""
+        return self.tree.max_depth if self.tree is not None else self.num_steps or self.k
 
     def _write(self, params, cache: KVCache, layer_hidden, starts: jax.Array) -> KVCache:
         """Context keys/values of the features layer_hidden (each [B, T, H_t]) at positions starts + 0..T-1."""
@@ -205,22 +224,47 @@ class DFlashDrafter:
         cache = self._write(params, cache, target_out.layer_hidden, jnp.zeros((B,), jnp.int32))
         return cache.replace(lengths=ctx.prompt_length)          # the prompt's features; stale ones past it
 
-    def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
-        cfg, k = self.config, self.k
+    def block_logits(self, params, cache: KVCache, ctx: Context) -> jax.Array:
+        """The draft logits of the block's first block_drafts positions over the target vocabulary
+        [B, block_drafts, V]: one forward over the whole block the drafter was trained on, whatever k (attention
+        inside the block is bidirectional, so a shorter block would change every position's output)."""
+        cfg, n, m = self.config, self.block_drafts, self.config.block_size - 1
         w = ctx.target_weights
         anchor = last_tokens(ctx, 1)[:, 0]                                       # [B] at position length - 1
-        x = block_inputs(params, w["embed"], anchor, k)                          # [B, k + 1, H]
-        positions = (ctx.length - 1)[:, None] + jnp.arange(k + 1)[None, :]
+        x = block_inputs(params, w["embed"], anchor, m)                          # [B, m + 1, H]
+        positions = (ctx.length - 1)[:, None] + jnp.arange(m + 1)[None, :]
         visible = jnp.arange(cache.size)[None, :] < cache.lengths[:, None]      # [B, S]
         hidden = block_forward(params, cfg, x, positions, [cache.keys(l) for l in range(cfg.num_layers)],
                                list(cache.v), visible)
-        logits = draft_logits(params, cfg, hidden[:, 1:], w["lm_head"])          # [B, k, N | V]
+        logits = draft_logits(params, cfg, hidden[:, 1:n + 1], w["lm_head"])    # [B, n, N | V]
         if cfg.draft_vocab_size is not None:
-            logits = full_vocab_logits(logits, params["vocab_map"], cfg.vocab_size)   # [B, k, V]
+            logits = full_vocab_logits(logits, params["vocab_map"], cfg.vocab_size)   # [B, n, V]
+        return logits
+
+    def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
+        logits = self.block_logits(params, cache, ctx)
+        if self.is_tree:                      # deterministic top-k children: exact at any temperature
+            tree = self._tree(logits, last_tokens(ctx, 1)[:, 0])
+            return Draft(tree.tokens[:, 1:], None, tree), cache
+        k = self.k
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k]
         tokens, probs = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
             logits, step_keys)
         return Draft(tokens, probs), cache
+
+    def _tree(self, logits: jax.Array, root: jax.Array):
+        """The token tree from the block's per-position distributions (DDTree's idea), which do not depend on the
+        drafts before them: a static tree takes block position d's top tokens as every depth-d node's candidates;
+        the dynamic search ranks paths by the sum of their positions' log-probabilities, each depth's frontier
+        expanded with that position's distribution."""
+        if self.tree is not None:
+            return tree_search.static_tree_from_candidates(
+                self.tree, root, lax.top_k(logits, self.tree.topk)[1].astype(jnp.int32))
+        B, W = root.shape[0], self.topk
+
+        def node_logits(state, frontier, parents, depths):      # depth d's frontier: block position d + 1
+            return jnp.broadcast_to(logits[:, int(depths[0])][:, None], (B, W, logits.shape[-1])), state
+        return tree_search.dynamic_tree(root, logits[:, 0], node_logits, self.num_steps, W, self.k + 1)[0]
 
     def commit(self, params, cache: KVCache, ctx, num_accepted, target_out, verified):
         # the verify pass's features at the anchor and the drafts (sequence order); n + 1 of them are committed now
@@ -363,14 +407,24 @@ def _build(req: BuildRequest):
     if bad or not cfg.target_layers:
         raise ValueError(f"DFlash drafter {weights.name!r} reads target layers {list(cfg.target_layers)}; the target "
                          f"has {tc.num_layers} decoder layers (indices 0..{tc.num_layers - 1})")
-    if config.k > cfg.block_size - 1:
-        raise ValueError(f"k={config.k} drafts more positions than the DFlash drafter {weights.name!r} fills (its "
-                         f"block is {cfg.block_size}: the anchor and {cfg.block_size - 1} drafts)")
+    steps, topk = (config.num_steps or 0), (config.topk or 0)
+    drafter = DFlashDrafter(config.k, cfg, req.buffer_len, config.tree, steps, topk)
+    positions = drafter.block_drafts
+    if positions > cfg.block_size - 1:
+        what = (f"k={config.k} drafts" if not config.is_tree else
+                f"a tree {positions} deep (num_steps)" if config.tree is None else f"a tree {positions} deep")
+        raise ValueError(f"{what} more positions than the DFlash drafter {weights.name!r} fills (its block is "
+                         f"{cfg.block_size}: the anchor and {cfg.block_size - 1} drafts)")
+    width = config.tree.topk if config.tree is not None else topk
+    vocab = cfg.draft_vocab_size or cfg.vocab_size
+    if width > vocab:
+        raise ValueError(f"the tree asks for the top-{width} tokens of a block position but the DFlash drafter "
+                         f"{weights.name!r} drafts from {vocab} tokens")
     params = weights.params
     if cfg.draft_vocab_size is not None:
         params = dict(params, vocab_map=jnp.asarray(draft_to_target(weights.d2t), jnp.int32))
-    return DFlashDrafter(config.k, cfg, req.buffer_len), params
+    return drafter, params
 
 
 register(DrafterSpec(KIND, _build, accepts="a DFlash directory (ours or the public layout), a shipped name or "
-                                         "dflash.DFlashWeights", load=_load, artifact=DFlashWeights))
+                                         "dflash.DFlashWeights", load=_load, artifact=DFlashWeights, trees=True))
