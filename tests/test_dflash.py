@@ -204,11 +204,11 @@ def test_trees_come_from_the_block_top_tokens():
     lengths = jnp.full((B,), P, jnp.int32)
     tw = {"embed": target.params["embed"], "lm_head": target_weight(target.params, "lm_head")}
     full = causal_forward(target.params, target.config, seq, hidden_layers=cfg.target_layers)
-    chain = dflash.DFlashDrafter(4, cfg, 32)
+    chain = dflash.DFlashDrafter(3, cfg, 32)                # a block as long as the trees are deep
     cache = KVCache.init(cfg.num_layers, B, 32, cfg.num_kv_heads, cfg.head_dim, keys_transposed=False)
     cache = chain._write(w.params, cache, full.layer_hidden, jnp.zeros(B, jnp.int32)).replace(lengths=lengths - 1)
     ctx = Context(seq, lengths, lengths, tw)
-    logits = np.asarray(chain.block_logits(w.params, cache, ctx))                   # [B, 4, V]
+    logits = np.asarray(chain.block_logits(w.params, cache, ctx))                   # [B, 3, V]
     order = np.argsort(-logits, axis=-1, kind="stable")
     keys = jax.random.split(jax.random.PRNGKey(0), B)
 

@@ -3,9 +3,8 @@ decoder layers fill a block of k mask positions after the last committed token i
 own features of every committed position as keys and values ("KV injection").
 
 Per step, for a row whose last committed token x_L sits at position L:
-  block   [embed(x_L), m, m, ..., m] at positions L .. L + block_size - 1, the whole trained block whatever k
-          (attention inside it is bidirectional) (m: the drafter's learned mask embedding; the anchor's embedding
-          is the target's);
+  block   [embed(x_L), m, m, ..., m] at positions L .. L + k (m: the drafter's learned mask embedding; the anchor's
+          embedding is the target's);
   context the target's features of positions 0 .. L - 1 (the outputs of config.target_layers, concatenated, through
           fc and a norm), as keys and values of every draft layer (each layer's own projections, cached);
   layers  pre-norm decoder layers whose queries are the block's; each block position attends to the whole context
@@ -45,6 +44,7 @@ import numpy as np
 from jax import lax
 
 from specjax import tree_search
+from cpu_kernels.small_m_matmul import matmul
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
@@ -131,14 +131,14 @@ def _inv_freq(cfg: DFlashConfig) -> jax.Array:
 
 def context_features(params: dict, cfg: DFlashConfig, layer_hidden: Sequence[jax.Array]) -> jax.Array:
     """The target's layer outputs (each [B, T, H_t], in cfg.target_layers' order) -> context features [B, T, H]."""
-    return rms_norm(jnp.concatenate(list(layer_hidden), -1) @ params["fc"], params["hidden_norm"], cfg.rms_norm_eps)
+    return rms_norm(matmul(jnp.concatenate(list(layer_hidden), -1), params["fc"]), params["hidden_norm"], cfg.rms_norm_eps)
 
 
 def context_kv(lp: dict, cfg: DFlashConfig, feats: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One layer's keys / values of context features [B, T, H] at positions [B, T] -> [B, T, Hkv, D] each."""
     B, T = feats.shape[:2]
-    k = rms_norm((feats @ lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim), lp["k_norm"], cfg.rms_norm_eps)
-    v = (feats @ lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    k = rms_norm(matmul(feats, lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim), lp["k_norm"], cfg.rms_norm_eps)
+    v = matmul(feats, lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
     return apply_rope(k, positions, _inv_freq(cfg)), v
 
 
@@ -154,26 +154,28 @@ def block_forward(params: dict, cfg: DFlashConfig, x: jax.Array, positions: jax.
     S = ctx_visible.shape[1]
     for lp, k_c, v_c in zip(params["layers"], ctx_k, ctx_v):
         h = rms_norm(x, lp["attn_norm"], eps)
-        q = apply_rope(rms_norm((h @ lp["wq"]).reshape(B, T, Hq, D), lp["q_norm"], eps), positions, inv)
-        k_b = apply_rope(rms_norm((h @ lp["wk"]).reshape(B, T, Hkv, D), lp["k_norm"], eps), positions, inv)
-        v_b = (h @ lp["wv"]).reshape(B, T, Hkv, D)
+        q = apply_rope(rms_norm(matmul(h, lp["wq"]).reshape(B, T, Hq, D), lp["q_norm"], eps), positions, inv)
+        k_b = apply_rope(rms_norm(matmul(h, lp["wk"]).reshape(B, T, Hkv, D), lp["k_norm"], eps), positions, inv)
+        v_b = matmul(h, lp["wv"]).reshape(B, T, Hkv, D)
         qg = q.reshape(B, T, Hkv, group, D) / math.sqrt(D)
         s_ctx = jnp.einsum("btkgd,bksd->bkgts", qg, k_c)                   # [B, Hkv, group, T, S]
         s_ctx = jnp.where(ctx_visible[:, None, None, None, :], s_ctx, -jnp.inf)
         s_blk = jnp.einsum("btkgd,bukd->bkgtu", qg, k_b)                    # the block sees itself whole
         p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], -1), -1)
         o = jnp.einsum("bkgts,bksd->btkgd", p[..., :S], v_c) + jnp.einsum("bkgtu,bukd->btkgd", p[..., S:], v_b)
-        x = x + o.reshape(B, T, Hq * D) @ lp["wo"]
+        x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
         h = rms_norm(x, lp["mlp_norm"], eps)
-        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+        x = x + matmul(jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"]), lp["w_down"])
     return rms_norm(x, params["final_norm"], eps)
 
 
 def draft_logits(params: dict, cfg: DFlashConfig, hidden: jax.Array, target_lm_head: jax.Array) -> jax.Array:
     """Final-normed block hidden [..., H] -> float32 logits [..., N] over the draft vocabulary (the drafter's own
     head), or [..., V] through the target's LM head when it has none. Drafting and training share it."""
-    head = params["lm_head"] if cfg.draft_vocab_size is not None else target_lm_head
-    return (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
+    if cfg.draft_vocab_size is not None:
+        return matmul(hidden, params["lm_head"].astype(hidden.dtype)).astype(jnp.float32)
+    # the target's head as given (a tied head is embed.T: XLA's dot reads it in place, a kernel call would copy it)
+    return (hidden @ target_lm_head.astype(hidden.dtype)).astype(jnp.float32)
 
 
 def block_inputs(params: dict, embed: jax.Array, anchor: jax.Array, num_masks: int) -> jax.Array:
@@ -225,18 +227,19 @@ class DFlashDrafter:
         return cache.replace(lengths=ctx.prompt_length)          # the prompt's features; stale ones past it
 
     def block_logits(self, params, cache: KVCache, ctx: Context) -> jax.Array:
-        """The draft logits of the block's first block_drafts positions over the target vocabulary
-        [B, block_drafts, V]: one forward over the whole block the drafter was trained on, whatever k (attention
-        inside the block is bidirectional, so a shorter block would change every position's output)."""
-        cfg, n, m = self.config, self.block_drafts, self.config.block_size - 1
+        """The block's draft logits over the target vocabulary [B, block_drafts, V]: one forward over the anchor and
+        block_drafts mask positions. A block shorter than the trained one changes every position's output (the
+        attention inside it is bidirectional), but only by the masks it no longer sees: on SmolLM2's drafter the
+        held-out acceptance of the first 3 positions was the same with 4 positions as with all 8, which cost more."""
+        cfg, n = self.config, self.block_drafts
         w = ctx.target_weights
         anchor = last_tokens(ctx, 1)[:, 0]                                       # [B] at position length - 1
-        x = block_inputs(params, w["embed"], anchor, m)                          # [B, m + 1, H]
-        positions = (ctx.length - 1)[:, None] + jnp.arange(m + 1)[None, :]
+        x = block_inputs(params, w["embed"], anchor, n)                          # [B, n + 1, H]
+        positions = (ctx.length - 1)[:, None] + jnp.arange(n + 1)[None, :]
         visible = jnp.arange(cache.size)[None, :] < cache.lengths[:, None]      # [B, S]
         hidden = block_forward(params, cfg, x, positions, [cache.keys(l) for l in range(cfg.num_layers)],
                                list(cache.v), visible)
-        logits = draft_logits(params, cfg, hidden[:, 1:n + 1], w["lm_head"])    # [B, n, N | V]
+        logits = draft_logits(params, cfg, hidden[:, 1:], w["lm_head"])          # [B, n, N | V]
         if cfg.draft_vocab_size is not None:
             logits = full_vocab_logits(logits, params["vocab_map"], cfg.vocab_size)   # [B, n, V]
         return logits

@@ -55,14 +55,12 @@ def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, a
         ctx_v.append(rep(vv))
     flat = anchors.reshape(B * A)
     anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1).reshape(B * A)
-    # the whole block whatever k (its attention is bidirectional), as the drafter runs it; positions 1..k scored
-    m = config.block_size - 1
-    x = block_inputs(params, target_weight(target_params, "embed"), anchor_tok, m)    # [B * A, m + 1, H]
-    block_pos = flat[:, None] + jnp.arange(m + 1)[None, :]
+    x = block_inputs(params, target_weight(target_params, "embed"), anchor_tok, k)    # [B * A, k + 1, H]
+    block_pos = flat[:, None] + jnp.arange(k + 1)[None, :]
     visible = jnp.arange(R)[None, :] < flat[:, None]                                # the positions before the anchor
     hidden = block_forward(params, config, x, block_pos, ctx_k, ctx_v, visible)
     lm_head = target_weight(target_params, "lm_head")
-    logits = draft_logits(params, config, hidden[:, 1:k + 1], lm_head).reshape(B, A, k, -1)
+    logits = draft_logits(params, config, hidden[:, 1:], lm_head).reshape(B, A, k, -1)
     at = jnp.clip(anchors[..., None] + jnp.arange(k), 0, R - 1)                     # z_{a+i-1}, i = 1..k
     teacher = tf.teacher_logits(lm_head, at=at.reshape(B, A * k), ids=draft_ids).reshape(B, A, k, -1)
     target_top = jnp.take_along_axis(tf.top_tokens(), at.reshape(B, A * k), axis=1).reshape(B, A, k)
