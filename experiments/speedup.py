@@ -36,6 +36,10 @@ it resolves to the fixed-k program or to plain decoding itself, its cell is that
 is timed a second time, to show how far two samples of one program disagree here). The table is printed again in
 the EAGLE-3 paper's batch-table layout.
 
+--profile adds where each loop iteration goes: the row's decode loop and its plain baseline run once more under
+jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind, the prefill subtracted;
+printed under the row and stored in it (`profile`, `plain_profile`).
+
 Every row is written with experiments.tables.write_table (CSV + JSON, the command line, revision and date in its
 meta) under --out, default runs/speedup/speedup (batch 1) or runs/speedup/batch_scaling (--batch_sizes), with
 the figures beside it.
