@@ -231,14 +231,13 @@ def test_trees_come_from_the_block_top_tokens():
         child = [n for n in range(1, 6) if parents[b, n] == 0]
         assert tokens[b, child[0]] == int(greedy[b, 0])                           # the best root child first
         for n in range(1, 6):                     # every node is one of its block position's top-2 tokens
-            d = 0
-            up = n
+            d, up = 0, n
             while up != 0:
                 up, d = int(parents[b, up]), d + 1
             assert tokens[b, n] in order[b, d - 1, :2], (b, n)
-    target_prompts = [[1, 2, 3, 4, 5]]
-    with pytest.raises(ValueError, match="a tree 5 deep"):
-        specjax.generate(target, target_prompts, SpecConfig(method="dflash", tree_choices=[(0,), (0, 0), (0, 0, 0),
-                                                                                              (0, 0, 0, 0),
-                                                                                              (0, 0, 0, 0, 0)]),
-                         drafter=w)
+    too_deep = SpecConfig(method="dflash", tree_choices=[(0,) * d for d in range(1, 6)])     # 5 deep, block 5
+    with pytest.raises(ValueError, match="a tree 5 deep more positions than the DFlash drafter 'random' fills"):
+        specjax.generate(target, [[1, 2, 3, 4, 5]], too_deep, drafter=w)
+    with pytest.raises(ValueError, match="top-62 tokens of a block position"):
+        specjax.generate(target, [[1, 2, 3, 4, 5]], SpecConfig(method="dflash", num_steps=2, topk=62,
+                                                                num_draft_tokens=5), drafter=w)

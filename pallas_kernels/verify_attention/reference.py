@@ -61,8 +61,8 @@ def _formulation(formulation: str, batch: int, num_new: int, rows: int, kv_bytes
         # One new entry in all (a batch-1 decode step): XLA:CPU writes it into the cache with a one-slot
         # dynamic-update-slice, which it duplicates into an elementwise consumer of the updated buffer (the
         # scores dot's operand, the values' mask) and then copies the whole buffer for, every layer of every
-        # step (much of a step at a long context). It does not fuse the write into the scores'
-        # reduction or the values' dot, and that pair also reads the cache fastest at this shape.
+        # step (much of a step at a long context). It does not fuse the write into the scores' reduction or
+        # the values' dot, and that pair also reads the cache fastest at this shape.
         return True, False
     fused = rows <= FUSED_MAX_ROWS and kv_bytes >= FUSED_MIN_KV_BYTES
     return fused, fused

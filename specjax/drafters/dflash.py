@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax import tree_search
 from cpu_kernels.small_m_matmul import matmul
+from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
@@ -131,13 +131,15 @@ def _inv_freq(cfg: DFlashConfig) -> jax.Array:
 
 def context_features(params: dict, cfg: DFlashConfig, layer_hidden: Sequence[jax.Array]) -> jax.Array:
     """The target's layer outputs (each [B, T, H_t], in cfg.target_layers' order) -> context features [B, T, H]."""
-    return rms_norm(matmul(jnp.concatenate(list(layer_hidden), -1), params["fc"]), params["hidden_norm"], cfg.rms_norm_eps)
+    feats = matmul(jnp.concatenate(list(layer_hidden), -1), params["fc"])
+    return rms_norm(feats, params["hidden_norm"], cfg.rms_norm_eps)
 
 
 def context_kv(lp: dict, cfg: DFlashConfig, feats: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One layer's keys / values of context features [B, T, H] at positions [B, T] -> [B, T, Hkv, D] each."""
     B, T = feats.shape[:2]
-    k = rms_norm(matmul(feats, lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim), lp["k_norm"], cfg.rms_norm_eps)
+    k = matmul(feats, lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     v = matmul(feats, lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
     return apply_rope(k, positions, _inv_freq(cfg)), v
 
