@@ -219,7 +219,7 @@ def main(argv):
 def one_at_a_time() -> None:
     """Every run's prompts decoded one at a time beside plain decoding; the table and its figures."""
     stem = out_stem("runs/speedup/speedup")
-    rows, baselines, prompt_sets, targets, records = [], {}, {}, {}, []
+    rows, baselines, prompt_sets, targets, records, plain_profiles = [], {}, {}, {}, [], {}
     for entry in FLAGS.runs:
         run = parse_run(entry)
         pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
@@ -275,8 +275,10 @@ def one_at_a_time() -> None:
         if FLAGS.profile:
             first = [harness.prompt_ids(target, prompts[0])]
             one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
-            records[-1].update(plain_profile=harness.loop_profile(target, first, plain_config),
-                               profile=harness.loop_profile(target, first, config, one))
+            if key not in plain_profiles:                   # one per baseline, as the baselines themselves
+                plain_profiles[key] = harness.loop_profile(target, first, plain_config)
+            records[-1].update(plain_profile=plain_profiles[key], profile=harness.loop_profile(target, first,
+                                                                                               config, one))
             print(f"    plain: {harness.profile_line(records[-1]['plain_profile'])}\n"
                   f"    {name}: {harness.profile_line(records[-1]['profile'])}", flush=True)
         if stem:                            # after every row, so a crash later loses nothing measured
@@ -361,7 +363,7 @@ def batch_sweep(batch_sizes: list[int]) -> None:
         raise app.UsageError("--batch_sizes sweeps one target (--target): drop target= from the runs")
     peak_flops, bandwidth = costs.machine_roofline()
     print(f"this machine: {peak_flops / 1e9:.0f} GFLOP/s (float32 matmul), {bandwidth / 1e9:.1f} GB/s (array read)")
-    records = []
+    records, plain_profiles = [], {}
     for B in batch_sizes:
         for run in runs:
             pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
@@ -385,7 +387,10 @@ def batch_sweep(batch_sizes: list[int]) -> None:
                    **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
                                            (peak_flops, bandwidth))}
             if FLAGS.profile:
-                rec.update(plain_profile=harness.loop_profile(target, ids, plain_config),
+                plain_key = (B, pset, plain_config)
+                if plain_key not in plain_profiles:
+                    plain_profiles[plain_key] = harness.loop_profile(target, ids, plain_config)
+                rec.update(plain_profile=plain_profiles[plain_key],
                            profile=harness.loop_profile(target, ids, config, drafter))
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={rec['k']}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
