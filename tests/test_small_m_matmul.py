@@ -7,14 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpu_kernels.small_m_matmul import MAX_ROWS, MAX_ROWS_TRANSPOSED, applies, build, matmul, small_m_matmul, small_m_matmul_reference
+from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, applies, build, matmul,
+                                        small_m_matmul, small_m_matmul_reference)
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
 
 # (K, N): N a multiple of 16 but not of 64 (a short last strip), of 64; K not a multiple of 16 for nn.
 NN_SHAPES = [(40, 80), (64, 192), (23, 48)]
 NT_SHAPES = [(48, 37), (64, 130), (32, 70)]        # nt: (K, N) with K % 16 == 0, any N (the 4-column blocks' remainder)
-ROWS = [1, 2, 3, 5, 6, 7, 9, 13, 24, 25, 31, 64]
+ROWS = [1, 2, 3, 5, 6, 7, 9, 13, 24, 25, 31, 64, 72, 129]
 
 
 def _inputs(M, K, N, transposed, seed=0):
@@ -41,8 +42,8 @@ def test_rows_independent_of_m_and_split(transposed):
     """Row m of an M-row product is bit-identical to that row alone and to any thread split: a row does not depend
     on which rows share its call."""
     K, N = (64, 130) if transposed else (40, 80)
-    x, w = _inputs(64, K, N, transposed, seed=1)
-    alone = np.stack([np.asarray(small_m_matmul(x[m:m + 1], w, transposed))[0] for m in range(64)])
+    x, w = _inputs(max(ROWS), K, N, transposed, seed=1)
+    alone = np.stack([np.asarray(small_m_matmul(x[m:m + 1], w, transposed))[0] for m in range(max(ROWS))])
     for M in ROWS:
         for parts in (1, 2, 3):
             got = np.asarray(small_m_matmul(x[:M], w, transposed, parts=parts))
@@ -62,10 +63,14 @@ def test_dispatch_falls_back_where_the_kernel_does_not_apply(monkeypatch):
     assert f"..{MAX_ROWS}" in applies((MAX_ROWS + 1, 64), (64, 80), jnp.float32)
     assert f"..{MAX_ROWS}" in applies((0, 64), (64, 80), jnp.float32)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)    # one core: one row is XLA's
-    assert "2..64" in applies((1, 64), (64, 80), jnp.float32)
+    assert f"2..{MAX_ROWS}" in applies((1, 64), (64, 80), jnp.float32)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert applies((1, 64), (64, 80), jnp.float32) is None
     assert f"..{MAX_ROWS_TRANSPOSED}" in applies((MAX_ROWS_TRANSPOSED + 1, 64), (80, 64), jnp.float32, True)
+    assert f"..{MAX_ROWS_TRANSPOSED} or {XLA_GEMM_MAX_ROWS + 1}" in applies((XLA_GEMM_MAX_ROWS, 64), (80, 64),
+                                                                           jnp.float32, True)
+    assert applies((XLA_GEMM_MAX_ROWS + 1, 64), (80, 64), jnp.float32, True) is None     # XLA's GEMM slows above
+    assert f"..{MAX_ROWS} for w [N, K]" in applies((MAX_ROWS + 1, 64), (80, 64), jnp.float32, True)
     assert "multiple of 16" in applies((5, 64), (64, 72), jnp.float32)
     assert "multiple of 16" in applies((5, 72), (80, 72), jnp.float32, transposed=True)
     monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")

@@ -1,7 +1,8 @@
 """Small-M matmul on CPU: y [M, N] = x [M, K] @ w for the few rows of a decode step or a verify pass.
 
 Public entry: `small_m_matmul(x, w, transposed=False, *, parts=None)`; `matmul(x, w, transposed=False)` is what the
-models call: the kernel where it applies (CPU, float32, min_rows() <= M <= MAX_ROWS, the shapes it tiles), XLA's dot
+models call: the kernel where it applies (CPU, float32, min_rows() <= M <= MAX_ROWS, fewer rows for w [N, K], the
+shapes it tiles), XLA's dot
 elsewhere.
 
 Why: at 2-9 rows XLA:CPU hands a matmul to a general GEMM (YNNPACK) that reads the weights several times over,
@@ -29,13 +30,15 @@ import numpy as np
 from cpu_kernels.small_m_matmul import build
 from cpu_kernels.small_m_matmul.reference import small_m_matmul_reference
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "applies", "cores", "matmul", "min_rows", "small_m_matmul",
-           "small_m_matmul_reference"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "XLA_GEMM_MAX_ROWS", "applies", "cores", "matmul", "min_rows",
+           "small_m_matmul", "small_m_matmul_reference"]
 
-# Beyond these row counts XLA's GEMM was the faster path on a 2-core AVX-512 CPU, measured over weights streamed from
-# memory (nt's blocks hold fewer rows, so it stops earlier).
-MAX_ROWS = 64
+# Measured on a 2-core AVX-512 CPU over weights streamed from memory: the kernel was as fast as XLA's GEMM or faster
+# up to MAX_ROWS rows (nn); nt's blocks hold fewer rows, and XLA's GEMM was the faster path for 17-64 of them. Above
+# XLA_GEMM_MAX_ROWS rows XLA's GEMM ran 2-3x slower per row than at 64 (jaxlib 0.10), so both take the kernel there.
+MAX_ROWS = 192
 MAX_ROWS_TRANSPOSED = 16
+XLA_GEMM_MAX_ROWS = 64
 LANES = 16             # the kernel's column (nn) or K (nt) granule
 
 
@@ -53,9 +56,11 @@ def applies(x_shape, w_shape, dtype, transposed: bool = False) -> str | None:
     if jnp.dtype(dtype) != jnp.float32:
         return f"dtype {jnp.dtype(dtype)} (the kernel is float32)"
     M = int(np.prod(x_shape[:-1]))
-    most = MAX_ROWS_TRANSPOSED if transposed else MAX_ROWS
-    if not min_rows() <= M <= most:
-        return f"{M} rows (the kernel takes {min_rows()}..{most}{' for w [N, K]' if transposed else ''} here)"
+    if transposed and not (min_rows() <= M <= MAX_ROWS_TRANSPOSED or XLA_GEMM_MAX_ROWS < M <= MAX_ROWS):
+        return (f"{M} rows (the kernel takes {min_rows()}..{MAX_ROWS_TRANSPOSED} or {XLA_GEMM_MAX_ROWS + 1}.."
+                f"{MAX_ROWS} for w [N, K] here)")
+    if not transposed and not min_rows() <= M <= MAX_ROWS:
+        return f"{M} rows (the kernel takes {min_rows()}..{MAX_ROWS} here)"
     K, N = (w_shape[1], w_shape[0]) if transposed else w_shape
     if (K if transposed else N) % LANES:
         return f"{'K' if transposed else 'N'} = {K if transposed else N} not a multiple of {LANES}"
