@@ -50,6 +50,23 @@ def test_rows_independent_of_m_and_split(transposed):
             np.testing.assert_array_equal(got, alone[:M], err_msg=f"M={M} parts={parts}")
 
 
+def test_concurrent_calls_give_the_serial_results():
+    """Calls from several threads at once, and independent products in one jit (which XLA may run concurrently),
+    share the intra-op pool: every result equals the same product computed alone on one thread."""
+    import concurrent.futures
+    K, N = 576, 1536
+    cases = [_inputs(M, K, N, False, seed=10 + M) for M in (1, 3, 5, 9, 64, 72)]
+    serial = [np.asarray(small_m_matmul(x, w, parts=1)) for x, w in cases]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda c: np.asarray(small_m_matmul(*c)), cases * 2))
+            for g, want in zip(got, serial * 2):
+                np.testing.assert_array_equal(g, want)
+    together = jax.jit(lambda *xs: [small_m_matmul(xs[2 * i], xs[2 * i + 1]) for i in range(len(cases))])
+    for g, want in zip(together(*[a for c in cases for a in c]), serial):
+        np.testing.assert_array_equal(np.asarray(g), want)
+
+
 def test_a_planted_difference_is_seen():
     """The identity check can fail: the same rows through XLA's dot (another summation order) differ in bits."""
     x, w = _inputs(9, 576, 80, False, seed=2)
