@@ -7,10 +7,13 @@ elsewhere.
 
 Why: at 2-9 rows XLA:CPU hands a matmul to a general GEMM (YNNPACK) that reads the weights several times over,
 so a verify pass of k + 1 positions cost far more than a one-position step although both read the same weight
-bytes. The kernel streams each weight element from memory once and uses it for all M rows.
+bytes. The kernel streams each weight element from memory once and uses it for all M rows; for a few rows of
+w [K, N] each core streams a contiguous half of w's rows (one core alone reads memory at about half the rate of
+two, and strided reads lose the hardware prefetchers), the two halves' sums added at the end.
 
-Exactness: every output element is the same chain of fused multiply-adds over k whatever M and the thread split, so
-a row is bit-identical whichever rows share its call (a tree's node in a 9-node verify and in a 5-node one; XLA's
+Exactness: every output element is the same sequence of float32 operations whatever M, the thread split and the
+number of cores (w [K, N]: fused multiply-add chains over w's two halves of rows, then their sum), so a row is
+bit-identical whichever rows share its call (a tree's node in a 9-node verify and in a 5-node one; XLA's
 dot gives no such promise between its paths). Against XLA's dot the results differ by float32 rounding only.
 
   x  [M, K] float32;  w [K, N] float32 (transposed: w [N, K], read as w.T; a tied LM head's embed [V, H])
@@ -68,8 +71,9 @@ def applies(x_shape, w_shape, dtype, transposed: bool = False) -> str | None:
 
 
 def small_m_matmul(x: jax.Array, w: jax.Array, transposed: bool = False, *, parts: int | None = None) -> jax.Array:
-    """The kernel itself (CPU only): x [M, K] @ w -> [M, N]. parts: column ranges the work is cut into (default:
-    the machine's cores; the calling thread and XLA's intra-op pool share them)."""
+    """The kernel itself (CPU only): x [M, K] @ w -> [M, N]. parts: the threads the work is spread over (default:
+    the machine's cores: the calling thread and XLA's intra-op pool; w [N, K]: as many column ranges, w [K, N]: two
+    halves of w's rows times parts // 2 column ranges). The result does not depend on it."""
     target = build.load()
     if target is None:
         raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
