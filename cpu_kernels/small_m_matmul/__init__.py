@@ -2,8 +2,7 @@
 
 Public entry: `small_m_matmul(x, w, transposed=False, *, parts=None)`; `matmul(x, w, transposed=False)` is what the
 models call: the kernel where it applies (CPU, float32, min_rows() <= M <= MAX_ROWS, fewer rows for w [N, K], the
-shapes it tiles), XLA's dot
-elsewhere.
+shapes it tiles), XLA's dot elsewhere.
 
 Why: at 2-9 rows XLA:CPU hands a matmul to a general GEMM (YNNPACK) that reads the weights several times over,
 so a verify pass of k + 1 positions cost far more than a one-position step although both read the same weight

@@ -125,13 +125,10 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
 // contiguous block of w, which the hardware prefetchers follow), 4 at a time into every column vector of
 // [v0, v1), the partial sums of y staying in cache (M * columns floats). Every element gets exactly nn_strips'
 // chain of fused multiply-adds (from zero at ka, k ascending), so the two are interchangeable bit for bit.
-// Which is faster (measured in XLA, weights streamed from memory, 2 cores, ms at M = 1 / 2 / 3 / 5 / 9):
-//   576 x 1536  row-major 0.146 / - / - / 0.174 / 0.233   strips 0.184 / 0.190 / 0.209 / 0.234 / 0.249
-//   1536 x 576  row-major 0.150 / - / - / 0.211 / 0.276   strips 0.180 / 0.180 / 0.194 / 0.205 / 0.194
-//   576 x 576   row-major 0.080 / 0.082 / 0.109 / 0.105 / 0.142   strips 0.089 / 0.086 / 0.095 / 0.107 / 0.115
 // Row-major pays per k-group for the rows' x and per column vector for the partial sums' loads and stores, which
-// a wide row (many column vectors per k-group) amortizes: it takes up to kRowMajorRows rows, kRowMajorWideRows
-// when N >= kRowMajorWideN.
+// a wide row (many column vectors per k-group) amortizes. The thresholds below are where it stopped beating the
+// strips on this project's 2-core AVX-512 CPU for SmolLM2-135M's shapes (cpu_kernels.bench.bench_small_m_matmul):
+// up to kRowMajorRows rows, kRowMajorWideRows when N >= kRowMajorWideN.
 constexpr int64_t kRowMajorRows = 2;
 constexpr int64_t kRowMajorWideRows = 9;
 constexpr int64_t kRowMajorWideN = 1024;
