@@ -33,6 +33,7 @@ import numpy as np
 
 import specjax
 from specjax import SpecConfig
+from specjax.models.gguf_io import converted_from
 
 METHODS = ("plain", "draft_model", "ngram", "eagle3")
 
@@ -305,7 +306,22 @@ class VllmEngine:
             self.tmp = None
 
 
-ENGINES = {"specjax": SpecjaxEngine, "transformers": TransformersEngine, "vllm": VllmEngine}
+class SpecjaxGgufEngine(SpecjaxEngine):
+    """specjax.generate() on the same target kept as the GGUF file's own blocks (Q4_1 layers, a Q8_0 LM head;
+    load_model(..., weight_format="gguf")): the same weight values and tokens, a third of the bytes per step. The
+    target directory must be a conversion of a GGUF file whose layers are Q4_1."""
+    name = "specjax_gguf"
+
+    def load(self, target_dir: str, drafters: dict[str, str]) -> None:
+        source = converted_from(target_dir)
+        if source is None:
+            raise ValueError(f"{target_dir} is not a converted GGUF file: the specjax_gguf engine needs one")
+        self.target = specjax.load_model(source, weight_format="gguf")
+        self.drafters = {m: specjax.load_model(d) if m == "draft_model" else d for m, d in drafters.items()}
+
+
+ENGINES = {"specjax": SpecjaxEngine, "specjax_gguf": SpecjaxGgufEngine, "transformers": TransformersEngine,
+           "vllm": VllmEngine}
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -314,4 +330,4 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 __all__ = ["ENGINES", "Engine", "Generation", "METHODS", "Method", "RANDOM_SHAPES", "SpecjaxEngine",
-           "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]
+           "SpecjaxGgufEngine", "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]

@@ -67,6 +67,9 @@ from experiments.tables import pyplot, save_figure, write_table
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "smollm2-135m", "target model: a shipped or installed name, an HF directory or a "
                     "GGUF file (the toy: stdlib-target)")
+flags.DEFINE_enum("weight_format", "float32", ["float32", "gguf"], "the target's weights: float32, or gguf (a GGUF "
+                  "target's own Q4_1 / Q8_0 blocks read by the CPU kernel: the same values and tokens, a third of "
+                  "the bytes per step; load_model(weight_format=))")
 flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method drafts from (a directory or a shipped "
                   "name), e.g. draft_model=stdlib-draft on the toy target")
 # The default runs: the training-free drafters on the real target's three chat prompt sets (generation stops at
@@ -224,7 +227,7 @@ def one_at_a_time() -> None:
         run = parse_run(entry)
         pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
         if run["target"] not in targets:
-            targets[run["target"]] = specjax.load_model(run["target"])
+            targets[run["target"]] = specjax.load_model(run["target"], weight_format=FLAGS.weight_format)
             t = targets[run["target"]]
             print(f"target {t.name}: {t.config.num_params() / 1e6:.1f}M params")
         target = targets[run["target"]]
@@ -357,7 +360,7 @@ def batch_sweep(batch_sizes: list[int]) -> None:
     (experiments.harness.measure_batch); the table, the EAGLE-3 batch-table layout and the figure."""
     stem = out_stem("runs/speedup/batch_scaling")
     rounds = FLAGS.rounds or 3
-    target = specjax.load_model(FLAGS.target)
+    target = specjax.load_model(FLAGS.target, weight_format=FLAGS.weight_format)
     runs = [parse_run(entry) for entry in FLAGS.runs]
     if any(run["target"] != FLAGS.target for run in runs):
         raise app.UsageError("--batch_sizes sweeps one target (--target): drop target= from the runs")

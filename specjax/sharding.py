@@ -80,6 +80,11 @@ def shard_for_generate(mesh: Mesh, model, method: str, drafter: Any, draft_param
     divide replicated), per-request rows (padded like `rows` and split over "data"), or replicated.
     rows: per-request host arrays (prompts, lengths, keys), padded to a multiple of the data axis."""
     validate_mesh(model.config, mesh)
+    blocks = [k for lp in model.params["layers"] for k, w in lp.items() if not hasattr(w, "ndim")]
+    if blocks:
+        raise ValueError(f"model {model.name!r} keeps its layers as quantized blocks ({blocks[0]}, ...; "
+                         f"load_model(weight_format='gguf')), which are not split over a mesh: load it with "
+                         f"float32 layers to generate on a mesh")
     d = axis_size(mesh, "data")
     rows = [shard_rows(pad_rows(np.asarray(r), d), mesh) for r in rows]
     params = shard_params(model.params, model.config, mesh)

@@ -131,8 +131,9 @@ def rotary_order(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(path, params: dict, cfg: ModelConfig, qtype=Q.F32, tokenizer=None, arch="llama",
-               chat_template=None, extra=None):
-    """A Llama GGUF file of `params` (specjax layout), every matrix stored as qtype (norms in F32)."""
+               chat_template=None, extra=None, embed_qtype=None):
+    """A Llama GGUF file of `params` (specjax layout), every matrix stored as qtype (the embedding as embed_qtype
+    when given; norms in F32)."""
     w = GGUFWriter(os.fspath(path), arch)
     w.add_block_count(cfg.num_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -156,13 +157,14 @@ def write_gguf(path, params: dict, cfg: ModelConfig, qtype=Q.F32, tokenizer=None
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    def put(name, a, matrix=True):
+    def put(name, a, matrix=True, as_type=None):
         a = np.ascontiguousarray(np.asarray(a, np.float32))
-        if matrix and qtype != Q.F32:
-            w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
+        as_type = as_type or qtype
+        if matrix and as_type != Q.F32:
+            w.add_tensor(name, quantize(a, as_type), raw_dtype=as_type)
         else:
             w.add_tensor(name, a)
-    put("token_embd.weight", params["embed"])
+    put("token_embd.weight", params["embed"], as_type=embed_qtype)
     put("output_norm.weight", params["final_norm"], False)
     names = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
              "w_up": "ffn_up", "w_down": "ffn_down"}
@@ -314,3 +316,56 @@ def test_a_gguf_loaded_model_saves_a_directory_transformers_loads(toy, tmp_path,
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(np.asarray(model.logits([ids]))[0], want, atol=1e-4)
+
+
+def test_gguf_blocks_compute_exactly_the_float32_model(toy, tmp_path, monkeypatch):
+    """load_model(..., weight_format="gguf"): the layer matrices stay the file's Q4_1 blocks and the Q8_0 embedding
+    serves as the LM head in its blocks (a third of the bytes), and the model's logits, and its greedy tokens plain
+    and speculative, are the float32 model's bit for bit."""
+    import specjax
+    from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix, build
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy-q4_1.gguf"
+    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    dense = load_model(path)
+    blocks = load_model(path, weight_format="gguf")
+    assert isinstance(blocks.params["layers"][1]["w_down"], Q4_1Matrix)
+    assert isinstance(blocks.params["layers"][1]["wqkv"], Q4_1Matrix) and "wq" not in blocks.params["layers"][1]
+    assert isinstance(blocks.params["embed_blocks"], Q8_0Matrix)
+    size = lambda m: sum(a.nbytes for a in jax.tree_util.tree_leaves(m.params["layers"]))
+    assert size(blocks) < 0.3 * size(dense)
+    if build.load() is None:
+        pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
+    ids = jnp.asarray(RNG.integers(0, CFG.vocab_size, (1, 12)), jnp.int32)
+    np.testing.assert_array_equal(np.asarray(blocks.logits(ids)), np.asarray(dense.logits(ids)))
+    ids = jnp.asarray(RNG.integers(0, CFG.vocab_size, (2, 12)), jnp.int32)     # float32's LM head: XLA's GEMM
+    np.testing.assert_allclose(np.asarray(blocks.logits(ids)), np.asarray(dense.logits(ids)), atol=1e-5)
+    prompt = RNG.integers(3, CFG.vocab_size, 20).tolist() * 2
+    plain = specjax.generate(dense, [prompt], specjax.SpecConfig(max_new_tokens=24)).tokens
+    for cfg in (specjax.SpecConfig(max_new_tokens=24),
+                specjax.SpecConfig(method="ngram", num_speculative_tokens=4, max_new_tokens=24)):
+        assert specjax.generate(blocks, [prompt], cfg).tokens == plain
+
+
+def test_gguf_blocks_refuse_what_they_cannot_keep(toy, tmp_path, monkeypatch):
+    import specjax
+    from specjax.sharding import make_mesh
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy-q8.gguf"
+    write_gguf(path, toy, CFG, Q.Q8_0)
+    with pytest.raises(ValueError, match="blk.0.attn_q.weight is Q8_0, not Q4_1"):
+        load_model(path, weight_format="gguf")
+    with pytest.raises(ValueError, match="needs a GGUF model"):
+        load_model(convert_gguf(path, os.fspath(tmp_path / "cache")), weight_format="gguf")
+    with pytest.raises(ValueError, match="one of"):
+        load_model(path, weight_format="q2")
+    q41 = tmp_path / "toy-q4_1.gguf"
+    write_gguf(q41, toy, CFG, Q.Q4_1)                                   # an embedding in Q4_1: the head stays float32
+    with pytest.raises(ValueError, match="no dtype, no mesh"):
+        load_model(q41, dtype=jnp.bfloat16, weight_format="gguf")
+    model = load_model(q41, weight_format="gguf")
+    assert "embed_blocks" not in model.params
+    with pytest.raises(ValueError, match="weight_format='float32' to save"):
+        model.save_pretrained(tmp_path / "out")
+    with pytest.raises(ValueError, match="not split over a mesh"):
+        specjax.generate(model, [[3, 4, 5]], specjax.SpecConfig(max_new_tokens=2), mesh=make_mesh(1, 1, jax.devices()[:1]))

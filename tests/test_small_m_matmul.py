@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, applies, build, matmul,
-                                        small_m_matmul, small_m_matmul_reference)
+from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, Q4_1Matrix, applies, build,
+                                        Q8_0Matrix, matmul, small_m_matmul, small_m_matmul_q4_1, small_m_matmul_q8_0,
+                                        small_m_matmul_reference)
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
 
@@ -141,3 +142,107 @@ def test_library_is_rebuilt_for_a_changed_source(tmp_path, monkeypatch):
     assert build.library_path(cxx) != path
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     assert build.library_path(cxx).startswith(str(tmp_path / "cache"))
+
+
+# ------------------------------------------------------------------------------------------ Q4_1 weights
+
+def _q4_1(K, N, seed=0):
+    """Random Q4_1 blocks with float16-valued scales and minimums (as a GGUF file holds them), and the float32
+    matrix they stand for by gguf's formula (numpy: d * q, then + m)."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    d = (rng.standard_normal((K // 32, N)) * 0.02).astype(np.float16).astype(np.float32)
+    m = (rng.standard_normal((K // 32, N)) * 0.1).astype(np.float16).astype(np.float32)
+    dense = np.repeat(d, 32, axis=0) * q.astype(np.float32) + np.repeat(m, 32, axis=0)
+    return Q4_1Matrix.from_blocks(q, d, m), dense
+
+
+# (K, N): narrow (strips past 2 rows), wide (N >= 1024: row-major up to 9 rows), K not a multiple of 64 (a block
+# straddles the two halves of K).
+Q4_1_SHAPES = [(64, 96), (96, 1024), (32, 64)]
+
+
+@pytest.mark.parametrize("K,N", Q4_1_SHAPES)
+def test_q4_1_kernel_equals_the_float32_kernel_on_the_dequantized_weights(K, N):
+    """Bit for bit, for every M (row-major, strips, chunked strips) and thread split: the blocks hold exactly the
+    float32 values and the kernel sums them in the float32 kernel's order."""
+    blocks, dense = _q4_1(K, N)
+    np.testing.assert_array_equal(np.asarray(blocks.dequantize()), dense)
+    w = Q4_1Matrix(*map(jnp.asarray, blocks))
+    for M in [1, 2, 3, 5, 9, 10, 13, 72, 129]:
+        x = jnp.asarray(np.random.default_rng(M).standard_normal((M, K), dtype=np.float32))
+        want = np.asarray(small_m_matmul(x, jnp.asarray(dense)))
+        for parts in (1, 2, 3):
+            np.testing.assert_array_equal(np.asarray(small_m_matmul_q4_1(x, w, parts=parts)), want)
+        np.testing.assert_allclose(want, np.asarray(x, np.float64) @ dense.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_q4_1_planted_bugs_are_seen():
+    """One nibble, one scale or one minimum changed changes the product (the equality above can fail)."""
+    blocks, dense = _q4_1(64, 96)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 64), dtype=np.float32))
+    want = np.asarray(small_m_matmul_q4_1(x, Q4_1Matrix(*map(jnp.asarray, blocks))))
+    nibbles, scale, minimum = (np.array(a) for a in blocks)
+    nibbles[40, 7] ^= 1
+    scale2, minimum2 = scale.copy(), minimum.copy()
+    scale2[1, 50] *= 2
+    minimum2[0, 3] += 0.5
+    for bad in ((nibbles, scale, minimum), (blocks.nibbles, scale2, minimum), (blocks.nibbles, scale, minimum2)):
+        got = np.asarray(small_m_matmul_q4_1(x, Q4_1Matrix(*map(jnp.asarray, bad))))
+        assert not np.array_equal(got, want)
+
+
+def test_q4_1_matmul_dispatch():
+    """matmul takes a Q4_1Matrix in jit like an array: the kernel up to MAX_ROWS rows, the dequantized weights through
+    XLA's dot past it (equal to the reference), leading dims kept; transposed products refused."""
+    blocks, dense = _q4_1(64, 96)
+    w = Q4_1Matrix(*map(jnp.asarray, blocks))
+    for shape in [(2, 3, 64), (MAX_ROWS + 8, 64)]:
+        x = jnp.asarray(np.random.default_rng(2).standard_normal(shape, dtype=np.float32))
+        got = np.asarray(jax.jit(matmul)(x, w))
+        assert got.shape == (*shape[:-1], 96)
+        want = np.asarray(matmul(x, jnp.asarray(dense)))
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="transposed"):
+        matmul(x, w, transposed=True)
+    with pytest.raises(ValueError, match="float32 x"):
+        small_m_matmul_q4_1(x.astype(jnp.bfloat16), w)
+
+
+def test_q4_1_blocks_refuse_bad_shapes():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="K % 32"):
+        Q4_1Matrix.from_blocks(rng.integers(0, 16, (40, 64), dtype=np.uint8), np.ones((1, 64)), np.ones((1, 64)))
+    with pytest.raises(ValueError, match="scale and minimum"):
+        Q4_1Matrix.from_blocks(rng.integers(0, 16, (64, 64), dtype=np.uint8), np.ones((1, 64)), np.ones((2, 64)))
+    with pytest.raises(ValueError, match="0..15"):
+        Q4_1Matrix.from_blocks(np.full((32, 32), 16, np.uint8), np.ones((1, 32)), np.ones((1, 32)))
+
+
+# ------------------------------------------------------------------------------------------ Q8_0 weights (nt)
+
+def _q8_0(N, K, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-128, 128, (N, K), dtype=np.int8)
+    d = (rng.standard_normal((N, K // 32)) * 0.01).astype(np.float16).astype(np.float32)
+    return Q8_0Matrix(jnp.asarray(q), jnp.asarray(d)), np.repeat(d, 32, axis=1) * q.astype(np.float32)
+
+
+@pytest.mark.parametrize("N,K", [(37, 64), (130, 96), (70, 32)])
+def test_q8_0_kernel_equals_the_float32_kernel_on_the_dequantized_weights(N, K):
+    w, dense = _q8_0(N, K)
+    np.testing.assert_array_equal(np.asarray(w.dequantize()), dense)
+    for M in [1, 2, 5, 7, 13, 17, 40, 72, 129]:
+        x = jnp.asarray(np.random.default_rng(M).standard_normal((M, K), dtype=np.float32))
+        want = np.asarray(small_m_matmul(x, jnp.asarray(dense), True))
+        for parts in (1, 2, 3):
+            np.testing.assert_array_equal(np.asarray(small_m_matmul_q8_0(x, w, parts=parts)), want)
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: matmul(x, w, True))(x, w)), want)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((MAX_ROWS + 3, K), dtype=np.float32))
+    np.testing.assert_allclose(np.asarray(matmul(x, w, True)), np.asarray(x) @ dense.T, rtol=1e-4, atol=1e-4)
+    values = np.array(w.values)
+    values[N // 2, 5] ^= 1                                              # a planted bug is seen
+    assert not np.array_equal(np.asarray(small_m_matmul_q8_0(x[:3], Q8_0Matrix(jnp.asarray(values), w.scale))),
+                              np.asarray(small_m_matmul_q8_0(x[:3], w)))
+    with pytest.raises(ValueError, match="transposed"):
+        matmul(x, w)

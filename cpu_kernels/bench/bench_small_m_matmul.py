@@ -6,6 +6,11 @@ the time per matrix, the weight bandwidth reached, and the cost relative to M = 
 
   python -m cpu_kernels.bench.bench_small_m_matmul                                   # SmolLM2-135M's shapes
   python -m cpu_kernels.bench.bench_small_m_matmul --rows 1,5,9,40 --shapes nn:576x1536 --parts 1
+  python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1:576x1536,q4_1:1536x576   # Q4_1 blocks
+
+For q4_1 shapes the first columns are the kernel over Q4_1 blocks and the last the float32 kernel over the same
+dequantized weights (GB/s: float32 bytes the product stands for, per second; each streams --megabytes of its own
+storage).
 """
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import jax.numpy as jnp
 
-from cpu_kernels.small_m_matmul import small_m_matmul, small_m_matmul_reference
+import numpy as np
+
+from cpu_kernels.small_m_matmul import Q4_1Matrix, small_m_matmul, small_m_matmul_q4_1, small_m_matmul_reference
 
 
 def fastest(fn, *args, reps: int) -> float:
@@ -44,27 +51,40 @@ def chained(product, rows: int, K: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="nn:576x1536,nn:1536x576,nt:49152x576",
-                    help="form:AxB: nn w [K, N] = AxB; nt w [N, K] = AxB (a tied LM head)")
+                    help="form:AxB: nn w [K, N] = AxB; nt w [N, K] = AxB (a tied LM head); q4_1 w [K, N] as Q4_1")
     ap.add_argument("--rows", default="1,2,3,5,9,17,40", help="M values")
     ap.add_argument("--megabytes", type=float, default=400, help="weight bytes streamed per call, in MB")
     ap.add_argument("--parts", type=int, default=None, help="the kernel's thread split (default: the cores)")
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
-    print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}")
+    print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}"
+          "   (q4_1: the second is the float32 kernel)")
     for spec in a.shapes.split(","):
         form, dims = spec.split(":")
         A, B = (int(d) for d in dims.split("x"))
-        transposed = form == "nt"
+        transposed, quantized = form == "nt", form == "q4_1"
         K = B if transposed else A
-        layers = max(1, int(a.megabytes * 1e6 // (A * B * 4)))
-        ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
+        layers = max(1, int(a.megabytes * 1e6 // (A * B * (0.75 if quantized else 4))))
+        if quantized:
+            rng = np.random.default_rng(0)
+            blocks = [Q4_1Matrix.from_blocks(rng.integers(0, 16, (A, B), dtype=np.uint8),
+                                             rng.standard_normal((A // 32, B)).astype(np.float32) * 1e-2,
+                                             rng.standard_normal((A // 32, B)).astype(np.float32) * 1e-2)
+                      for _ in range(layers)]
+            ws = [Q4_1Matrix(*map(jnp.asarray, b)) for b in blocks]
+            dense = [w.dequantize() for w in ws[:max(1, int(a.megabytes * 1e6 // (A * B * 4)))]]
+            candidates = (("kernel", lambda x, w: small_m_matmul_q4_1(x, w, parts=a.parts), ws),
+                          ("xla", lambda x, w: small_m_matmul(x, w, parts=a.parts), dense))
+        else:
+            ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
+            candidates = (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts), ws),
+                          ("xla", lambda x, w: small_m_matmul_reference(x, w, transposed), ws))
         first = {}
         for M in (int(m) for m in a.rows.split(",")):
             x = jax.random.normal(jax.random.PRNGKey(M), (M, K), jnp.float32)
             cells = []
-            for name, product in (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts)),
-                                  ("xla", lambda x, w: small_m_matmul_reference(x, w, transposed))):
-                s = fastest(chained(product, M, K), x, ws, reps=a.reps) / layers
+            for name, product, mats in candidates:
+                s = fastest(chained(product, M, K), x, mats, reps=a.reps) / len(mats)
                 first.setdefault(name, s)
                 cells += [s * 1e3, A * B * 4 / s / 1e9, s / first[name]]
             print(f"{spec:>16} {M:>3} {cells[0]:9.3f} {cells[1]:6.1f} {cells[2]:6.2f} {cells[3]:8.3f} {cells[4]:6.1f} "

@@ -19,21 +19,29 @@ dot gives no such promise between its paths). Against XLA's dot the results diff
   nn needs N % 16 == 0, nt needs K % 16 == 0 (the others fall back to XLA).
 Gradients: the backward pass is XLA's (the kernel is for inference; a custom VJP makes it safe under jax.grad).
 SPECJAX_SMALL_M_MATMUL=0 turns the kernel off (every call takes XLA's dot).
+
+Quantized weights: `Q4_1Matrix` holds w [K, N] as llama.cpp's Q4_1 blocks (0.75 bytes per weight instead of 4),
+`Q8_0Matrix` w [N, K] (transposed products: a tied LM head) as Q8_0 blocks (1.125 bytes); `matmul` takes either in
+place of w. The kernel dequantizes in cache or registers and sums with the float32 code, so the product is
+bit-identical to the float32 kernel's over the dequantized w (scale * q is exact in float32); where the kernel does
+not apply, w is dequantized in XLA and XLA's dot takes it.
 """
 from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels.small_m_matmul import build
-from cpu_kernels.small_m_matmul.reference import small_m_matmul_reference
+from cpu_kernels.small_m_matmul.reference import dequantize_q4_1, dequantize_q8_0, small_m_matmul_reference
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "XLA_GEMM_MAX_ROWS", "applies", "cores", "matmul", "min_rows",
-           "small_m_matmul", "small_m_matmul_reference"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "Q4_1Matrix", "Q8_0Matrix", "XLA_GEMM_MAX_ROWS", "applies", "cores",
+           "matmul", "min_rows", "small_m_matmul", "small_m_matmul_q4_1", "small_m_matmul_q8_0",
+           "small_m_matmul_reference"]
 
 # Measured on a 2-core AVX-512 CPU over weights streamed from memory: the kernel was as fast as XLA's GEMM or faster
 # up to MAX_ROWS rows (nn); nt's blocks hold fewer rows, and XLA's GEMM was the faster path for 17-64 of them. Above
@@ -85,6 +93,115 @@ def small_m_matmul(x: jax.Array, w: jax.Array, transposed: bool = False, *, part
     return call(x, w, transposed=transposed, parts=np.int64(parts or cores()))
 
 
+class Q4_1Matrix(NamedTuple):
+    """w [K, N] float32 stored as llama.cpp's Q4_1 blocks along K (32 rows of one column per block):
+    w[k, n] = scale[k // 32, n] * q[k, n] + minimum[k // 32, n], q in 0..15. A pytree: it travels through jit like
+    the array it stands for, and `matmul` takes it in place of w."""
+    nibbles: jax.Array      # uint8 [K, N / 2]: byte (k, 16 g + j) = q[k, 32 g + j] | q[k, 32 g + 16 + j] << 4
+    scale: jax.Array        # float32 [K / 32, N]
+    minimum: jax.Array      # float32 [K / 32, N]
+
+    BLOCK = 32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.nibbles.shape[0], 2 * self.nibbles.shape[1]
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in self)
+
+    def dequantize(self) -> jax.Array:
+        """The float32 w [K, N] these blocks hold."""
+        return dequantize_q4_1(self.nibbles, self.scale, self.minimum)
+
+    @classmethod
+    def concatenate(cls, parts: "list[Q4_1Matrix]") -> "Q4_1Matrix":
+        """[w_1 | w_2 | ...] along N (numpy arrays): one product in place of several over the same x, each
+        column computed exactly as in its own matrix's product."""
+        if len({p.shape[0] for p in parts}) != 1:
+            raise ValueError(f"Q4_1 matrices concatenated along N need one K, got {[p.shape for p in parts]}")
+        return cls(*(np.concatenate([np.asarray(p[i]) for p in parts], axis=1) for i in range(3)))
+
+    @classmethod
+    def from_blocks(cls, q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> "Q4_1Matrix":
+        """q uint8 [K, N] in 0..15, scale / minimum float32 [K / 32, N] -> the packed matrix (numpy arrays)."""
+        q = np.asarray(q)
+        K, N = q.shape
+        if K % cls.BLOCK or N % 32:
+            raise ValueError(f"a Q4_1 matrix needs K % {cls.BLOCK} == 0 and N % 32 == 0, got [{K}, {N}]")
+        if np.shape(scale) != (K // cls.BLOCK, N) or np.shape(minimum) != (K // cls.BLOCK, N):
+            raise ValueError(f"scale and minimum must be [{K // cls.BLOCK}, {N}] for q [{K}, {N}], got "
+                             f"{list(np.shape(scale))} and {list(np.shape(minimum))}")
+        if q.dtype != np.uint8 or q.max(initial=0) > 15:
+            raise ValueError("q must be uint8 values in 0..15")
+        g = q.reshape(K, N // 32, 2, 16)
+        nibbles = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(K, N // 2)
+        return cls(np.ascontiguousarray(nibbles), np.ascontiguousarray(scale, np.float32),
+                   np.ascontiguousarray(minimum, np.float32))
+
+
+class Q8_0Matrix(NamedTuple):
+    """w [N, K] float32 (read transposed: a tied LM head's embed [V, H]) stored as llama.cpp's Q8_0 blocks along K:
+    w[n, k] = scale[n, k // 32] * values[n, k]. A pytree; `matmul(x, w, transposed=True)` takes it."""
+    values: jax.Array       # int8 [N, K]
+    scale: jax.Array        # float32 [N, K / 32]
+
+    BLOCK = 32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in self)
+
+    def dequantize(self) -> jax.Array:
+        """The float32 w [N, K] these blocks hold."""
+        return dequantize_q8_0(self.values, self.scale)
+
+
+def small_m_matmul_q8_0(x: jax.Array, w: Q8_0Matrix, *, parts: int | None = None) -> jax.Array:
+    """The kernel over Q8_0 rows (CPU only): x [M, K] @ w.T -> [M, N], bit-identical to small_m_matmul(x,
+    w.dequantize(), transposed=True)."""
+    target = build.load()
+    if target is None:
+        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    N, K = w.shape
+    if x.ndim != 2 or x.shape[1] != K or K % Q8_0Matrix.BLOCK:
+        raise ValueError(f"small_m_matmul_q8_0 takes x [M, {K}] for w [{N}, {K}] (K % 32 == 0), got x {x.shape}")
+    if x.dtype != jnp.float32:
+        raise ValueError(f"small_m_matmul_q8_0 takes float32 x, got {x.dtype}")
+    call = jax.ffi.ffi_call(build.Q8_0_TARGET, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32),
+                            vmap_method="sequential")
+    return call(x, w.values, w.scale, parts=np.int64(parts or cores()))
+
+
+def small_m_matmul_q4_1(x: jax.Array, w: Q4_1Matrix, *, parts: int | None = None) -> jax.Array:
+    """The kernel over Q4_1 blocks (CPU only): x [M, K] @ w -> [M, N], bit-identical to small_m_matmul(x,
+    w.dequantize()) for every M, parts and core count."""
+    target = build.load()
+    if target is None:
+        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    K, N = w.shape
+    if x.ndim != 2 or x.shape[1] != K:
+        raise ValueError(f"small_m_matmul_q4_1 takes x [M, {K}] for w [{K}, {N}], got x {x.shape}")
+    if x.dtype != jnp.float32:
+        raise ValueError(f"small_m_matmul_q4_1 takes float32 x, got {x.dtype}")
+    call = jax.ffi.ffi_call(build.Q4_1_TARGET, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32),
+                            vmap_method="sequential")
+    return call(x, w.nibbles, w.scale, w.minimum, parts=np.int64(parts or cores()))
+
+
 def cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -107,14 +224,45 @@ def _kernel_backward(transposed, residuals, g):
 _differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
 
 
-def matmul(x: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix, transposed: bool = False) -> jax.Array:
     """x [..., K] @ w [K, N] (transposed: w [N, K]) -> [..., N]: the kernel on CPU where `applies`, else XLA's dot.
     With an accelerator as the default backend nothing is built and XLA's dot is traced; a CPU program lowered
-    for another platform lowers XLA's dot there (lax.platform_dependent)."""
+    for another platform lowers XLA's dot there (lax.platform_dependent). w may be a Q4_1Matrix (nn) or a Q8_0Matrix
+    (transposed)."""
+    if isinstance(w, Q4_1Matrix):
+        return _matmul_q4_1(x, w, transposed)
+    if isinstance(w, Q8_0Matrix):
+        return _matmul_q8_0(x, w, transposed)
     reference = lambda x, w: small_m_matmul_reference(x, w, transposed)
     if (jax.default_backend() != "cpu" or x.dtype != w.dtype or applies(x.shape, w.shape, x.dtype, transposed)
             or build.load() is None):
         return reference(x, w)
     lead = x.shape[:-1]
     kernel = lambda x, w: _differentiable_kernel(x.reshape(-1, x.shape[-1]), w, transposed).reshape(*lead, -1)
+    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
+
+
+def _matmul_q4_1(x: jax.Array, w: Q4_1Matrix, transposed: bool) -> jax.Array:
+    if transposed:
+        raise ValueError("a Q4_1Matrix is w [K, N]; transposed products take a float32 w")
+    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize())
+    if (jax.default_backend() != "cpu" or applies(x.shape, w.shape, x.dtype) or build.load() is None):
+        return reference(x, w)
+    lead = x.shape[:-1]
+    kernel = lambda x, w: small_m_matmul_q4_1(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
+    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
+
+
+def _matmul_q8_0(x: jax.Array, w: Q8_0Matrix, transposed: bool) -> jax.Array:
+    """The kernel at up to MAX_ROWS rows (also at 17-64, where XLA's GEMM wins over float32 weights: it would need
+    them dequantized first), else the dequantized w through XLA's dot."""
+    if not transposed:
+        raise ValueError("a Q8_0Matrix is w [N, K], read transposed (matmul(x, w, transposed=True))")
+    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize(), True)
+    M = int(np.prod(x.shape[:-1]))
+    if (jax.default_backend() != "cpu" or os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0"
+            or x.dtype != jnp.float32 or not min_rows() <= M <= MAX_ROWS or build.load() is None):
+        return reference(x, w)
+    lead = x.shape[:-1]
+    kernel = lambda x, w: small_m_matmul_q8_0(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
     return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)

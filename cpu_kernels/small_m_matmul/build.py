@@ -20,6 +20,8 @@ import jax
 import jaxlib
 
 TARGET = "specjax_small_m_matmul"
+Q4_1_TARGET = "specjax_small_m_matmul_q4_1"
+Q8_0_TARGET = "specjax_small_m_matmul_q8_0"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
@@ -74,7 +76,8 @@ def build(cxx: str, out: str) -> None:
 
 @functools.cache
 def load() -> str | None:
-    """Build (once per machine) and register the kernel; its FFI target name, or None where it cannot be built."""
+    """Build (once per machine) and register the kernels (float32, Q4_1 and Q8_0 weights); the float32 one's FFI target
+    name, or None where they cannot be built."""
     cxx = compiler()
     if cxx is None:
         log.warning("no C++ compiler found: the small-M matmul kernel is off, XLA's dot is used")
@@ -88,4 +91,6 @@ def load() -> str | None:
         log.warning("the small-M matmul kernel is off, XLA's dot is used: %s", e)
         return None
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmul), platform="cpu")
+    jax.ffi.register_ffi_target(Q4_1_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ41), platform="cpu")
+    jax.ffi.register_ffi_target(Q8_0_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ80), platform="cpu")
     return TARGET

@@ -6,6 +6,8 @@
 // Every output element is the same sequence of float32 operations whatever M and whatever the thread split (nt: a
 // chain of fused multiply-adds over k in 16 lanes, then a fixed pairwise sum; nn: two chains over k, rows [0, K/2)
 // and [K/2, K) of w, then their sum): a row is bit-identical whichever rows share its call.
+// w may also be llama.cpp's quantized blocks (nn: Q4_1, nt: Q8_0), dequantized in registers or cache into exactly
+// the float32 values and summed in the same order: bit-identical to the float32 product over those values.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -15,6 +17,10 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -96,10 +102,12 @@ constexpr std::array<std::array<NnFn, kRowBlock>, sizeof...(NV)> nn_tables(std::
 }
 const auto kNn = nn_tables(std::make_integer_sequence<int, kStripVectors>{});   // [vectors - 1][rows - 1]
 
-// All M rows of y over the 16-column vectors [v0, v1), summed over w's rows [ka, kb) from zero.
+// All M rows of y over the 16-column vectors [v0, v1), summed over w's rows [ka, kb) from zero when fresh, else
+// continuing y's partial sums.
 void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y, int64_t v0, int64_t v1,
-               int64_t ka, int64_t kb) {
+               int64_t ka, int64_t kb, bool fresh) {
   if (ka == kb) {                      // an empty half (K = 1): its sum is zero
+    if (!fresh) return;
     for (int64_t m = 0; m < M; ++m)
       for (int64_t v = v0; v < v1; ++v) store(y + m * N + v * kLanes, vec{});
     return;
@@ -114,8 +122,8 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
         ahead = k0 + chunk < kb ? chunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, M - m0));
-        kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + chunk), k0 == ka,
-                            ahead, chunked);
+        kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + chunk),
+                            fresh && k0 == ka, ahead, chunked);
       }
     }
   }
@@ -137,10 +145,11 @@ constexpr int64_t kRowMajorAhead = 512;             // floats ahead on each of t
 
 template <int MB>
 void nn_rows(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t v0, int64_t v1, int64_t ka,
-             int64_t kb) {
+             int64_t kb, bool fresh) {
   const int64_t c0 = v0 * kLanes, c1 = v1 * kLanes;
-  for (int m = 0; m < MB; ++m)
-    for (int64_t c = c0; c < c1; c += kLanes) store(y + m * N + c, vec{});
+  if (fresh)
+    for (int m = 0; m < MB; ++m)
+      for (int64_t c = c0; c < c1; c += kLanes) store(y + m * N + c, vec{});
   int64_t k = ka;
   for (; k + 4 <= kb; k += 4) {
     const float* w0 = w + k * N;
@@ -173,7 +182,8 @@ void nn_rows(const float* x, int64_t K, const float* w, int64_t N, float* y, int
   }
 }
 
-using NnRowsFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t);
+using NnRowsFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
+                         bool);
 template <int... MB>
 constexpr std::array<NnRowsFn, sizeof...(MB)> nn_rows_table(std::integer_sequence<int, MB...>) {
   return {&nn_rows<MB + 1>...};
@@ -246,8 +256,44 @@ inline void flush(PendingSums& p) {
   p.n = 0;
 }
 
-template <int MB, int NC>
-void nt_block(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t ahead, bool to_l2,
+// w [N, K]'s rows as nt reads them: float32, or Q8_0 blocks (below). load(n, k): the 16 (kLanes) values of row n
+// from column k; prefetch(n, k): the line holding them.
+struct F32Rows {
+  const float* w;
+  int64_t K;
+  vec load(int64_t n, int64_t k) const { return ::load(w + n * K + k); }
+  void prefetch(int64_t n, int64_t k, bool to_l2) const {
+    if (to_l2) __builtin_prefetch(w + n * K + k, 0, 1);
+    else __builtin_prefetch(w + n * K + k);
+  }
+};
+
+// llama.cpp's Q8_0 (a tied embedding's usual type): w[n, k] = scale[n, k / 32] * q[n, k], q int8. scale * q is
+// exact in float32, so a loaded vector is bit for bit the float32 dequantization's, and the sums are the float32
+// path's; memory delivers 1.125 bytes per weight instead of 4.
+struct Q8Rows {
+  const int8_t* q;
+  const float* scale;
+  int64_t K;
+  vec load(int64_t n, int64_t k) const {
+    const int8_t* p = q + n * K + k;
+#if defined(__AVX512F__)
+    const vec v = (vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+    vec v;
+    for (int i = 0; i < kLanes; ++i) v[i] = p[i];
+#endif
+    return v * scale[n * (K / 32) + k / 32];
+  }
+  void prefetch(int64_t n, int64_t k, bool to_l2) const {
+    if (k % 64) return;                        // one line holds 64 of a row's values
+    if (to_l2) __builtin_prefetch(q + n * K + k, 0, 1);
+    else __builtin_prefetch(q + n * K + k);
+  }
+};
+
+template <int MB, int NC, class Rows>
+void nt_block(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int64_t n0, int64_t ahead, bool to_l2,
               PendingSums& pending) {
   vec acc[MB][NC];
   for (int m = 0; m < MB; ++m)
@@ -255,9 +301,8 @@ void nt_block(const float* x, int64_t K, const float* w, float* y, int64_t N, in
   for (int64_t k = 0; k < K; k += kLanes) {
     vec wv[NC];
     for (int c = 0; c < NC; ++c) {
-      if (to_l2) __builtin_prefetch(w + (n0 + c + ahead) * K + k, 0, 1);
-      else __builtin_prefetch(w + (n0 + c + ahead) * K + k);
-      wv[c] = load(w + (n0 + c) * K + k);
+      w.prefetch(n0 + c + ahead, k, to_l2);
+      wv[c] = w.load(n0 + c, k);
     }
     for (int m = 0; m < MB; ++m) {
       const vec xv = load(x + m * K + k);
@@ -273,8 +318,8 @@ void nt_block(const float* x, int64_t K, const float* w, float* y, int64_t N, in
 }
 
 // Output columns [n0, n1) of one row block, prefetching w's rows `ahead` rows on (into L2 only when to_l2).
-template <int MB, int NC>
-void nt_range(const float* x, int64_t K, const float* w, float* y, int64_t N, int64_t n0, int64_t n1, int64_t ahead,
+template <int MB, int NC, class Rows>
+void nt_range(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int64_t n0, int64_t n1, int64_t ahead,
               bool to_l2) {
   PendingSums pending;
   int64_t n = n0;
@@ -283,16 +328,19 @@ void nt_range(const float* x, int64_t K, const float* w, float* y, int64_t N, in
   flush(pending);
 }
 
-using NtFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t, int64_t, bool);
+template <class Rows>
+using NtFn = void (*)(const float*, int64_t, const Rows&, float*, int64_t, int64_t, int64_t, int64_t, bool);
 
-template <int... MB>
-constexpr std::array<NtFn, sizeof...(MB)> nt_table(std::integer_sequence<int, MB...>) {
-  return {&nt_range<MB + 1, kNtColumns>...};
+template <class Rows, int... MB>
+constexpr std::array<NtFn<Rows>, sizeof...(MB)> nt_table(std::integer_sequence<int, MB...>) {
+  return {&nt_range<MB + 1, kNtColumns, Rows>...};
 }
-const auto kNt = nt_table(std::make_integer_sequence<int, kNtRows>{});   // [rows - 1]
+template <class Rows>
+const auto kNt = nt_table<Rows>(std::make_integer_sequence<int, kNtRows>{});   // [rows - 1]
 
 // All M rows of y over output columns [n0, n1).
-void nt_part(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y, int64_t n0, int64_t n1) {
+template <class Rows>
+void nt_part(const float* x, int64_t M, int64_t K, const Rows& w, int64_t N, float* y, int64_t n0, int64_t n1) {
   const bool grouped = M > kNtRows;
   const int64_t group = grouped ? kNtGroup : n1 - n0;
   for (int64_t g = n0; g < n1; g += group) {
@@ -300,18 +348,54 @@ void nt_part(const float* x, int64_t M, int64_t K, const float* w, int64_t N, fl
     const int64_t ahead = grouped ? (g + group < n1 ? group : 0) : kNtPrefetchRows;
     for (int64_t m0 = 0; m0 < M; m0 += kNtRows) {
       const int mb = static_cast<int>(std::min<int64_t>(kNtRows, M - m0));
-      kNt[mb - 1](x + m0 * K, K, w, y + m0 * N, N, g, std::min(n1, g + group), ahead, grouped);
+      kNt<Rows>[mb - 1](x + m0 * K, K, w, y + m0 * N, N, g, std::min(n1, g + group), ahead, grouped);
     }
   }
 }
 
-// The columns are cut into `parts` contiguous ranges; the calling thread and parts - 1 pool tasks claim them. The
-// caller does any range no task has claimed yet, so it never waits on a task that has not started (a pool busy
-// with other work cannot deadlock it).
+// The work is cut into `total` parts; the calling thread and up to workers - 1 pool tasks claim them. The caller
+// does any part no task has claimed yet, so it never waits on a task that has not started (a pool busy with other
+// work cannot deadlock it).
 struct Split {
   std::atomic<int> next{0};
   std::atomic<int> done{0};
 };
+
+template <class Run>
+void run_parts(ffi::ThreadPool& pool, int64_t workers, int total, Run run) {
+  auto split = std::make_shared<Split>();
+  auto claim_all = [=]() {
+    for (int p; (p = split->next.fetch_add(1)) < total;) {
+      run(p);
+      split->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < std::min<int64_t>(total, workers); ++t) pool.Schedule([claim_all] { claim_all(); });
+  claim_all();
+  while (split->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
+}
+
+// nn: y = S0 + S1, S0 and S1 w's rows [0, K/2) and [K/2, K) summed from zero (a fixed split, whatever the cores:
+// results do not depend on the machine's thread count), each half's columns cut into `ranges` ranges of `granule`
+// columns; the first half goes to y, the second to a per-caller scratch buffer added at the end.
+// part(out, ka, kb, c0, c1, row_major) computes one half's sums over columns [c0, c1).
+template <class Part>
+void nn_halves(ffi::ThreadPool& pool, int64_t M, int64_t K, int64_t N, float* y, int64_t parts, int64_t granule,
+               Part part) {
+  const int64_t units = N / granule;
+  const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(parts / 2, units));
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(M * N)) scratch.resize(M * N);
+  float* sp = scratch.data();
+  const bool row_major = M <= (N >= kRowMajorWideN ? kRowMajorWideRows : kRowMajorRows) &&
+                         M * (N / ranges) <= kRowMajorFloats;
+  run_parts(pool, parts, static_cast<int>(2 * ranges), [=](int p) {
+    const int64_t h = p / ranges, r = p % ranges;
+    const int64_t c0 = units * r / ranges * granule, c1 = units * (r + 1) / ranges * granule;
+    part(h == 0 ? y : sp, h == 0 ? 0 : K / 2, h == 0 ? K / 2 : K, c0, c1, row_major);
+  });
+  for (int64_t i = 0; i < M * N; i += kLanes) store(y + i, load(y + i) + load(sp + i));
+}
 
 ffi::Error SmallMMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                         ffi::ResultBuffer<ffi::F32> y, bool transposed, int64_t parts) {
@@ -325,39 +409,182 @@ ffi::Error SmallMMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();
-  // nt: the output columns cut into `parts` ranges. nn: y = S0 + S1, S0 and S1 w's rows [0, K/2) and [K/2, K)
-  // summed from zero (a fixed split, whatever the cores: results do not depend on the machine's thread count), each
-  // half's columns cut into ranges; the first half goes to y, the second to a scratch buffer added at the end.
-  const int64_t halves = transposed ? 1 : 2;
-  const int64_t units = transposed ? N : N / kLanes;
-  const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(transposed ? parts : parts / 2, units));
-  thread_local std::vector<float> scratch;
-  if (!transposed && scratch.size() < static_cast<size_t>(M * N)) scratch.resize(M * N);
-  float* sp = scratch.data();
-  const bool row_major = !transposed && M <= (N >= kRowMajorWideN ? kRowMajorWideRows : kRowMajorRows) &&
-                         M * (N / ranges) <= kRowMajorFloats;
-  auto run = [=](int p) {
-    const int64_t h = p / ranges, r = p % ranges;
-    const int64_t u0 = units * r / ranges, u1 = units * (r + 1) / ranges;
-    if (transposed) return nt_part(xp, M, K, wp, N, yp, u0, u1);
-    const int64_t ka = h == 0 ? 0 : K / 2, kb = h == 0 ? K / 2 : K;
-    float* out = h == 0 ? yp : sp;
-    if (row_major) kNnRows[M - 1](xp, K, wp, N, out, u0, u1, ka, kb);
-    else nn_strips(xp, M, K, wp, N, out, u0, u1, ka, kb);
-  };
-  auto split = std::make_shared<Split>();
-  const int total = static_cast<int>(halves * ranges);
-  auto claim_all = [=]() {
-    for (int p; (p = split->next.fetch_add(1)) < total;) {
-      run(p);
-      split->done.fetch_add(1, std::memory_order_release);
+  if (transposed) {                    // nt: the output columns cut into `parts` ranges
+    const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(parts, N));
+    const F32Rows rows{wp, K};
+    run_parts(pool, parts, static_cast<int>(ranges),
+              [=](int r) { nt_part(xp, M, K, rows, N, yp, N * r / ranges, N * (r + 1) / ranges); });
+    return ffi::Error::Success();
+  }
+  nn_halves(pool, M, K, N, yp, parts, kLanes,
+            [=](float* out, int64_t ka, int64_t kb, int64_t c0, int64_t c1, bool row_major) {
+              if (row_major) kNnRows[M - 1](xp, K, wp, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
+              else nn_strips(xp, M, K, wp, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
+            });
+  return ffi::Error::Success();
+}
+
+// w [K, N] as llama.cpp's Q4_1 blocks, 32 consecutive k of one column each: w[k, n] = scale[k / 32, n] * q[k, n]
+// + minimum[k / 32, n], q in 0..15 (scale and minimum: the blocks' float16 values, widened). nibbles [K, N / 2]:
+// byte (k, 16 g + j) holds q[k, 32 g + j] in its low four bits and q[k, 32 g + 16 + j] in its high four.
+// scale * q is exact in float32 (an 11-bit significand times 4 bits), so a dequantized value is the very one a
+// float32 dequantization stores (gguf's d * q + m), and summed by the float32 path's chains y is bit-identical to
+// small_m_matmul on them, while memory delivers 0.75 bytes per weight instead of 4. Up to kRowMajorWideRows rows
+// (with AVX-512) dequantize in registers (nn_rows_q41); more rows dequantize a few rows of w at a time into a
+// per-thread buffer in cache and run the float32 strips over it.
+constexpr int64_t kQ41Block = 32;
+constexpr int64_t kDequantRowsRowMajor = 8;       // (without AVX-512) the buffer: 8 rows x N floats
+constexpr int64_t kDequantRowsStrips = 32;        // the strips reload their sums per chunk: a longer one
+// Up to kRowMajorWideRows rows go row-major with the dequantization in registers, over column tiles whose partial
+// sums (M x tile floats) stay in L1 (the float32 path's strips lost to it at every width for these rows).
+constexpr int64_t kQ41TileFloats = 8192;
+
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x16_u __attribute__((vector_size(64), aligned(4)));
+
+inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16_u*>(p); }
+
+// 16 bytes widened to 16 int32 (one instruction with AVX-512; GCC's generic conversion goes byte by byte).
+inline i32x16 widen(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return (i32x16)_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  i32x16 v;
+  for (int i = 0; i < 16; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_u*>(p) = v; }
+
+// w's rows [k0, k1), columns [c0, c1) (multiples of 32) -> buf (row k at buf + (k - k0) * N).
+void dequantize_q41(const uint8_t* nibbles, const float* scale, const float* minimum, int64_t N, float* buf,
+                    int64_t k0, int64_t k1, int64_t c0, int64_t c1) {
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint8_t* q = nibbles + k * (N / 2);
+    const float* d = scale + (k / kQ41Block) * N;
+    const float* m = minimum + (k / kQ41Block) * N;
+    float* out = buf + (k - k0) * N;
+    __builtin_prefetch(q + 4 * (N / 2) + c0 / 2);
+    for (int64_t c = c0; c < c1; c += 32) {
+      const i32x16 v = widen(q + c / 2);
+      const f32x16 lo = __builtin_convertvector(v & 15, f32x16), hi = __builtin_convertvector(v >> 4, f32x16);
+      store16(out + c, load16(d + c) * lo + load16(m + c));
+      store16(out + c + 16, load16(d + c + 16) * hi + load16(m + c + 16));
     }
-  };
-  for (int64_t t = 1; t < std::min<int64_t>(total, parts); ++t) pool.Schedule([claim_all] { claim_all(); });
-  claim_all();
-  while (split->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
-  if (!transposed)
-    for (int64_t i = 0; i < M * N; i += kLanes) store(yp + i, load(yp + i) + load(sp + i));
+  }
+}
+
+#if defined(__AVX512F__)
+// Row-major over Q4_1 blocks with the dequantization in registers (no buffer): nn_rows' loop, the four w rows of a
+// k-group dequantized 32 columns at a time (one 16-byte load per row: the low nibbles are columns c..c+15, the high
+// ones c+16..c+31), then exactly nn_rows' chain per column vector. Needs 16-float vectors (AVX-512) and k-groups
+// inside one block: ka, kb multiples of 4.
+// y: the sums of columns [c0, c1), row m at y + m * ys - c0 (a tile of its own, see the caller).
+template <int MB>
+void nn_rows_q41(const float* x, int64_t K, const uint8_t* nibbles, const float* scale, const float* minimum,
+                 int64_t N, float* y, int64_t ys, int64_t c0, int64_t c1, int64_t ka, int64_t kb) {
+  y -= c0;
+  for (int m = 0; m < MB; ++m)
+    for (int64_t c = c0; c < c1; c += kLanes) store(y + m * ys + c, vec{});
+  const int64_t row_bytes = N / 2;
+  for (int64_t k = ka; k < kb; k += 4) {
+    const uint8_t* q0 = nibbles + k * row_bytes;
+    const float* d = scale + (k / kQ41Block) * N;
+    const float* mn = minimum + (k / kQ41Block) * N;
+    float xs[MB][4];
+    for (int m = 0; m < MB; ++m)
+      for (int r = 0; r < 4; ++r) xs[m][r] = x[m * K + k + r];
+    for (int64_t c = c0; c < c1; c += 32) {
+      const vec d0 = load(d + c), d1 = load(d + c + 16), m0 = load(mn + c), m1 = load(mn + c + 16);
+      vec lo[4], hi[4];
+      for (int r = 0; r < 4; ++r) {
+        __builtin_prefetch(q0 + (r + 8) * row_bytes + c / 2);
+        const i32x16 v = widen(q0 + r * row_bytes + c / 2);
+        lo[r] = d0 * __builtin_convertvector(v & 15, vec) + m0;
+        hi[r] = d1 * __builtin_convertvector(v >> 4, vec) + m1;
+      }
+      for (int m = 0; m < MB; ++m) {
+        vec a = load(y + m * ys + c), b = load(y + m * ys + c + 16);
+        for (int r = 0; r < 4; ++r) a += xs[m][r] * lo[r];
+        for (int r = 0; r < 4; ++r) b += xs[m][r] * hi[r];
+        store(y + m * ys + c, a);
+        store(y + m * ys + c + 16, b);
+      }
+    }
+  }
+}
+
+using NnRowsQ41Fn = void (*)(const float*, int64_t, const uint8_t*, const float*, const float*, int64_t, float*,
+                            int64_t, int64_t, int64_t, int64_t, int64_t);
+template <int... MB>
+constexpr std::array<NnRowsQ41Fn, sizeof...(MB)> nn_rows_q41_table(std::integer_sequence<int, MB...>) {
+  return {&nn_rows_q41<MB + 1>...};
+}
+const auto kNnRowsQ41 = nn_rows_q41_table(std::make_integer_sequence<int, kRowMajorWideRows>{});   // [rows - 1]
+#endif
+
+ffi::Error SmallMMatmulQ41(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> nibbles,
+                           ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> minimum,
+                           ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
+  const auto xd = x.dimensions(), qd = nibbles.dimensions(), sd = scale.dimensions(), md = minimum.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || md.size() != 2)
+    return ffi::Error::InvalidArgument("small_m_matmul_q4_1: every operand must be 2-D");
+  const int64_t M = xd[0], K = xd[1], N = qd[1] * 2;
+  if (qd[0] != K || K % kQ41Block != 0 || N % 32 != 0 || sd[0] != K / kQ41Block || sd[1] != N || md[0] != sd[0] ||
+      md[1] != N)
+    return ffi::Error::InvalidArgument("small_m_matmul_q4_1: shapes do not form Q4_1 blocks of x's K");
+  const float* xp = x.typed_data();
+  const uint8_t* qp = nibbles.typed_data();
+  const float* dp = scale.typed_data();
+  const float* mp = minimum.typed_data();
+  nn_halves(pool, M, K, N, y->typed_data(), parts, 32,
+            [=](float* out, int64_t ka, int64_t kb, int64_t c0, int64_t c1, bool row_major) {
+#if defined(__AVX512F__)
+              if (M <= kRowMajorWideRows && ka % 4 == 0 && kb % 4 == 0) {
+                // The tile's rows 16 floats apart beyond its width: rows of y itself are N floats apart, often
+                // a multiple of 4 KiB, where loads and stores of different rows alias in L1.
+                const int64_t tile = std::max<int64_t>(32, kQ41TileFloats / M / 32 * 32), ys = tile + kLanes;
+                thread_local std::vector<float> sums;
+                if (sums.size() < static_cast<size_t>(M * ys)) sums.resize(M * ys);
+                for (int64_t t = c0; t < c1; t += tile) {
+                  const int64_t t1 = std::min(c1, t + tile);
+                  kNnRowsQ41[M - 1](xp, K, qp, dp, mp, N, sums.data(), ys, t, t1, ka, kb);
+                  for (int64_t m = 0; m < M; ++m)
+                    std::memcpy(out + m * N + t, sums.data() + m * ys, (t1 - t) * sizeof(float));
+                }
+                return;
+              }
+#endif
+              const int64_t rows = row_major ? kDequantRowsRowMajor : kDequantRowsStrips;
+              thread_local std::vector<float> buffer;
+              if (buffer.size() < static_cast<size_t>(rows * N)) buffer.resize(rows * N);
+              float* buf = buffer.data();
+              for (int64_t k0 = ka; k0 < kb; k0 += rows) {
+                const int64_t k1 = std::min(kb, k0 + rows);
+                dequantize_q41(qp, dp, mp, N, buf, k0, k1, c0, c1);
+                if (row_major) kNnRows[M - 1](xp + k0, K, buf, N, out, c0 / kLanes, c1 / kLanes, 0, k1 - k0, k0 == ka);
+                else nn_strips(xp + k0, M, K, buf, N, out, c0 / kLanes, c1 / kLanes, 0, k1 - k0, k0 == ka);
+              }
+            });
+  return ffi::Error::Success();
+}
+
+// nt over Q8_0 rows: y [M, N] = x [M, K] @ w.T, w [N, K] = scale [N, K / 32] * q [N, K] (int8).
+ffi::Error SmallMMatmulQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
+                           ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
+  const auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2)
+    return ffi::Error::InvalidArgument("small_m_matmul_q8_0: every operand must be 2-D");
+  const int64_t M = xd[0], K = xd[1], N = qd[0];
+  if (qd[1] != K || K % 32 != 0 || sd[0] != N || sd[1] != K / 32)
+    return ffi::Error::InvalidArgument("small_m_matmul_q8_0: shapes do not form Q8_0 blocks of x's K");
+  const float* xp = x.typed_data();
+  float* yp = y->typed_data();
+  const Q8Rows rows{q.typed_data(), scale.typed_data(), K};
+  const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(parts, N));
+  run_parts(pool, parts, static_cast<int>(ranges),
+            [=](int r) { nt_part(xp, M, K, rows, N, yp, N * r / ranges, N * (r + 1) / ranges); });
   return ffi::Error::Success();
 }
 
@@ -370,4 +597,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmul, SmallMMatmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("transposed")
+                                  .Attr<int64_t>("parts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ41, SmallMMatmulQ41,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("parts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ80, SmallMMatmulQ80,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("parts"));

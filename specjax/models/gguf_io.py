@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import save_pretrained
 
@@ -150,6 +151,45 @@ _LAYER_MAP = {"attn_norm": ("attn_norm", False), "wq": ("attn_q", True), "wk": (
               "w_gate": ("ffn_gate", True), "w_up": ("ffn_up", True), "w_down": ("ffn_down", True)}
 
 
+def gguf_blocks(path: str | os.PathLike, cfg: ModelConfig) -> tuple[list[dict], Q8_0Matrix | None]:
+    """A GGUF file's own quantized blocks, for the CPU kernel: per decoder layer {key: Q4_1Matrix} of its matrices
+    (w [in, out] as specjax stores it; the rotary rows permuted back like the float32 reading), and the token
+    embedding as a Q8_0Matrix when it is Q8_0 (else None). Refuses, naming it, a layer matrix of another type."""
+    path = os.fspath(path)
+    tensors = {t.name: t for t in _open(path).tensors}
+    rotary_heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads}
+
+    def blocks(name: str, qtype: GGMLQuantizationType, size: int):
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"GGUF file {path} lacks {name}")
+        if t.tensor_type != qtype:
+            raise ValueError(f"GGUF file {path}: {name} is {t.tensor_type.name}, not {qtype.name} (only Q4_1 layers "
+                             f"can be kept as blocks; load the float32 weights instead)")
+        rows, cols = (int(n) for n in reversed(t.shape))                       # [out, in]
+        return np.asarray(t.data, np.uint8).reshape(rows, cols // 32, size), rows, cols
+    f16 = lambda b: b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+    layers = []
+    for i in range(cfg.num_layers):
+        out = {}
+        for key, (name, transpose) in _LAYER_MAP.items():
+            if not transpose:                                  # the norms stay float32
+                continue
+            b, rows, cols = blocks(f"blk.{i}.{name}.weight", GGMLQuantizationType.Q4_1, 20)   # d, m, 16 bytes of q
+            d, m, qs = f16(b[..., 0:2]), f16(b[..., 2:4]), b[..., 4:]                        # [out, in / 32] ...
+            q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, cols)             # [out, in]
+            if key in rotary_heads:
+                q, d, m = (_unpermute_rotary(a, rotary_heads[key]) for a in (q, d, m))
+            out[key] = Q4_1Matrix.from_blocks(np.ascontiguousarray(q.T), d.T, m.T)
+        layers.append(out)
+    embed = None
+    if tensors["token_embd.weight"].tensor_type == GGMLQuantizationType.Q8_0:
+        b, rows, cols = blocks("token_embd.weight", GGMLQuantizationType.Q8_0, 34)         # d, 32 x int8
+        embed = Q8_0Matrix(np.ascontiguousarray(b[..., 2:].view(np.int8).reshape(rows, cols)), f16(b[..., 0:2]))
+    return layers, embed
+
+
 def read_gguf(path: str | os.PathLike) -> tuple[dict, ModelConfig, Tokenizer | None, str | None]:
     """A GGUF file -> (float32 numpy params in specjax's layout, ModelConfig, tokenizer or None, chat template or
     None)."""
@@ -203,6 +243,15 @@ def _file_key(path: str) -> str:
         f.seek(max(0, size - (1 << 20)))
         h.update(f.read())
     return f"{size}-{h.hexdigest()[:16]}-v{CONVERTED_FORMAT}"
+
+
+def converted_from(directory: str | os.PathLike) -> str | None:
+    """The GGUF file an HF directory of convert_gguf was made from (None: not a conversion)."""
+    source = os.path.join(os.fspath(directory), "SOURCE.json")
+    if not os.path.isfile(source):
+        return None
+    with open(source) as f:
+        return json.load(f).get("gguf")
 
 
 def convert_gguf(path: str | os.PathLike, cache: str) -> str:

@@ -6,6 +6,10 @@ the T new tokens are written into the KV cache at each row's `cache.lengths` and
 params = {"embed": [V, H], "layers": [{attn_norm [H], wq [H, Hq*D], wk/wv [H, Hkv*D], (bq, bk, bv),
           wo [Hq*D, H], mlp_norm [H], w_gate/w_up [H, I], w_down [I, H]}, ...], "final_norm": [H],
           "lm_head": [H, V] (absent when tied)}
+With load_model(weight_format="gguf") a layer holds its matrices as cpu_kernels.small_m_matmul.Q4_1Matrix blocks,
+the projections fused: wqkv [H, (Hq + 2 Hkv) D] in place of wq, wk, wv and w_gate_up [H, 2 I] in place of w_gate,
+w_up (fewer, wider products; each column computed as in its own matrix), and "embed_blocks" (a Q8_0Matrix of embed's
+values) may serve as the tied LM head.
 Under a mesh the placed arrays may be wider than the config says (specjax.sharding.Layout): embed / lm_head padded
 to Vp >= V entries and wk/wv (bk/bv) holding each kv head several times. forward reads the kv-head count from
 the weights (kv_heads) and cuts the logits back to cfg.vocab_size, so callers never see either.
@@ -133,11 +137,14 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     forward's). -> (residual stream after the layer [B, T, H], cache; lengths not advanced). Also the layer of
     drafters that run decoder layers of their own over target features (MTP modules, multi-token heads)."""
     B, T = x.shape[:2]
-    Hq, Hkv, D = cfg.num_heads, lp["wk"].shape[-1] // cfg.head_dim, cfg.head_dim
+    Hq, Hkv, D = cfg.num_heads, layer_kv_heads(lp, cfg), cfg.head_dim
     if inv_freq is None:
         inv_freq = rope_inv_freq(cfg)
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = matmul(h, lp["wq"]), matmul(h, lp["wk"]), matmul(h, lp["wv"])
+    if "wqkv" in lp:                   # fused (quantized layers): one product, its columns those of wq | wk | wv
+        q, k, v = jnp.split(matmul(h, lp["wqkv"]), [Hq * D, (Hq + Hkv) * D], axis=-1)
+    else:
+        q, k, v = matmul(h, lp["wq"]), matmul(h, lp["wk"]), matmul(h, lp["wv"])
     if cfg.attention_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
@@ -148,7 +155,11 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
                   q_positions=positions, sliding_window=cfg.sliding_window)
     x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-    return x + matmul(jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"]), lp["w_down"]), cache
+    if "w_gate_up" in lp:
+        gate, up = jnp.split(matmul(h, lp["w_gate_up"]), 2, axis=-1)
+    else:
+        gate, up = matmul(h, lp["w_gate"]), matmul(h, lp["w_up"])
+    return x + matmul(jax.nn.silu(gate) * up, lp["w_down"]), cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
@@ -157,6 +168,8 @@ def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> j
     different tokens than one device does; cut, every later shape (and random draw) is the one-device one."""
     if "lm_head" in params:
         logits = matmul(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
+    elif "embed_blocks" in params:     # the tied embedding's quantized blocks (the same values as embed)
+        logits = matmul(hidden, params["embed_blocks"], transposed=True)
     else:
         logits = matmul(hidden, params["embed"], transposed=True).astype(jnp.float32)     # tied: embed.T
     return logits if vocab_size is None or logits.shape[-1] == vocab_size else logits[..., :vocab_size]
@@ -165,7 +178,12 @@ def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> j
 def kv_heads(params: dict, cfg: ModelConfig) -> int:
     """KV heads the weights hold: cfg.num_kv_heads, or a multiple once specjax.sharding replicated them for a
     model axis larger than num_kv_heads (each copy identical, so attention is unchanged). Size caches with it."""
-    return params["layers"][0]["wk"].shape[-1] // cfg.head_dim
+    return layer_kv_heads(params["layers"][0], cfg)
+
+
+def layer_kv_heads(lp: dict, cfg: ModelConfig) -> int:
+    """kv_heads of one layer's weights (fused projections are never replicated: cfg.num_kv_heads)."""
+    return lp["wk"].shape[-1] // cfg.head_dim if "wk" in lp else cfg.num_kv_heads
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, std: float = 0.02) -> dict:

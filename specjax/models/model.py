@@ -7,11 +7,13 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
-from specjax.models.gguf_io import convert_gguf
+from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
+from specjax.models.gguf_io import convert_gguf, gguf_blocks
 from specjax.models.hf_io import load_chat_template, load_pretrained, save_pretrained
 from specjax.models.llama import full_logits
 
@@ -45,6 +47,9 @@ class Model:
     def save_pretrained(self, path: str | os.PathLike, dtype: str = "float32",
                         max_shard_bytes: int | None = None) -> None:
         """An HF directory that transformers and vLLM load: weights, config, tokenizer and chat template."""
+        if "embed_blocks" in self.params or any("wqkv" in lp for lp in self.params["layers"]):
+            raise ValueError(f"model {self.name!r} holds GGUF blocks (load_model(weight_format='gguf')); load it "
+                             f"with weight_format='float32' to save an HF directory")
         save_pretrained(self.params, self.config, path, tokenizer=self.tokenizer, dtype=dtype,
                         max_shard_bytes=max_shard_bytes, chat_template=self.chat_template)
 
@@ -64,14 +69,32 @@ def _directory(found: str) -> str:
     return convert_gguf(found, checkpoints.cache_dir()) if os.path.isfile(found) else found
 
 
-def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None) -> Model:
+WEIGHT_FORMATS = ("float32", "gguf")
+
+
+def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None,
+               weight_format: str = "float32") -> Model:
     """A Hugging Face Llama/Qwen2/Mistral directory, a llama.cpp GGUF file, or the name of a shipped model or an
     installed GGUF target such as "smollm2-135m" (specjax.checkpoints). A GGUF file is converted once to a float32
     HF directory in the user cache (specjax.checkpoints.cache_dir) and loaded from there.
     mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
     the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
-    and generate(mesh=...) places it, dims the axis does not divide replicated)."""
+    and generate(mesh=...) places it, dims the axis does not divide replicated).
+    weight_format: "float32", or "gguf" for a GGUF file whose decoder-layer matrices are Q4_1 (SmolLM2's): those
+    matrices stay in the file's blocks (0.75 bytes per weight instead of 4), q/k/v and gate/up fused, and a Q8_0
+    tied embedding also serves as the LM head in its blocks (1.125 bytes; the float32 embedding stays for lookups).
+    The CPU kernel reads them. The model computes exactly what the float32 one does (the blocks hold the same
+    values, checked at load, and the kernel sums them in the float32 kernel's order); on a CPU a decode step reads
+    a third of the bytes. Inference only (no gradient through the blocks), float32, no mesh."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format={weight_format!r}: one of {WEIGHT_FORMATS}")
     found = checkpoints.resolve(path_or_name, "model")
+    if weight_format == "gguf":
+        if not os.path.isfile(found):
+            raise ValueError(f"weight_format='gguf' needs a GGUF model; {os.fspath(path_or_name)!r} is an HF "
+                             f"directory")
+        if jnp.dtype(dtype) != jnp.float32 or mesh is not None:
+            raise ValueError("weight_format='gguf' loads float32 weights on one device (no dtype, no mesh)")
     path = _directory(found)
     name = os.path.basename(os.path.normpath(found))
     if os.path.isfile(found):                                  # a GGUF file: named as asked, or by its stem
@@ -81,4 +104,32 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
         raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
                          f"generate(..., SpecConfig(method={kind!r}), drafter={os.fspath(path_or_name)!r})")
     params, cfg, tokenizer = load_pretrained(path, dtype=dtype, mesh=mesh)
+    if weight_format == "gguf":
+        params = _with_gguf_blocks(params, cfg, found)
     return Model(cfg, params, tokenizer, name, load_chat_template(path))
+
+
+def _with_gguf_blocks(params: dict, cfg: ModelConfig, found: str) -> dict:
+    """params with every decoder-layer matrix replaced by the file's Q4_1 blocks (q/k/v and gate/up fused into
+    wqkv and w_gate_up, specjax.models.llama) and, for a Q8_0 tied embedding, "embed_blocks" for the LM head; each
+    checked to hold exactly the float32 values loaded."""
+    layer_blocks, embed_blocks = gguf_blocks(found, cfg)
+
+    def same(w, dense, what):
+        if not np.array_equal(np.asarray(w.dequantize()), np.asarray(dense)):
+            raise ValueError(f"{found}: the blocks of {what} do not give the float32 weights loaded (a stale "
+                             f"conversion in the cache?)")
+    layers = []
+    for i, (lp, bl) in enumerate(zip(params["layers"], layer_blocks)):
+        for key, w in bl.items():
+            same(w, lp[key], f"layer {i} {key}")
+        fused = {"wqkv": Q4_1Matrix.concatenate([bl["wq"], bl["wk"], bl["wv"]]),
+                 "w_gate_up": Q4_1Matrix.concatenate([bl["w_gate"], bl["w_up"]]), "wo": bl["wo"],
+                 "w_down": bl["w_down"]}
+        norms = {k: v for k, v in lp.items() if k not in bl}
+        layers.append({**norms, **{k: type(w)(*map(jnp.asarray, w)) for k, w in fused.items()}})
+    out = {**params, "layers": layers}
+    if embed_blocks is not None and "lm_head" not in params:
+        same(embed_blocks, params["embed"], "token_embd")
+        out["embed_blocks"] = Q8_0Matrix(*map(jnp.asarray, embed_blocks))
+    return out
