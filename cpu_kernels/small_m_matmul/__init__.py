@@ -93,6 +93,16 @@ def small_m_matmul(x: jax.Array, w: jax.Array, transposed: bool = False, *, part
     return call(x, w, transposed=transposed, parts=np.int64(parts or cores()))
 
 
+def _float32(blocks) -> jnp.dtype:
+    """What quantized blocks stand for: a float32 matrix."""
+    return jnp.dtype(jnp.float32)
+
+
+def _stored_bytes(blocks) -> int:
+    """The bytes quantized blocks occupy (what a product reads)."""
+    return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in blocks)
+
+
 class Q4_1Matrix(NamedTuple):
     """w [K, N] float32 stored as llama.cpp's Q4_1 blocks along K (32 rows of one column per block):
     w[k, n] = scale[k // 32, n] * q[k, n] + minimum[k // 32, n], q in 0..15. A pytree: it travels through jit like
@@ -107,13 +117,8 @@ class Q4_1Matrix(NamedTuple):
     def shape(self) -> tuple[int, int]:
         return self.nibbles.shape[0], 2 * self.nibbles.shape[1]
 
-    @property
-    def dtype(self):
-        return jnp.dtype(jnp.float32)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in self)
+    dtype = property(_float32)
+    nbytes = property(_stored_bytes)
 
     def dequantize(self) -> jax.Array:
         """The float32 w [K, N] these blocks hold."""
@@ -157,13 +162,8 @@ class Q8_0Matrix(NamedTuple):
     def shape(self) -> tuple[int, int]:
         return tuple(self.values.shape)
 
-    @property
-    def dtype(self):
-        return jnp.dtype(jnp.float32)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in self)
+    dtype = property(_float32)
+    nbytes = property(_stored_bytes)
 
     def dequantize(self) -> jax.Array:
         """The float32 w [N, K] these blocks hold."""
