@@ -444,6 +444,7 @@ typedef float f32x16 __attribute__((vector_size(64)));
 typedef float f32x16_u __attribute__((vector_size(64), aligned(4)));
 
 inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16_u*>(p); }
+inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_u*>(p) = v; }
 
 // 16 bytes widened to 16 int32 (one instruction with AVX-512; GCC's generic conversion goes byte by byte).
 inline i32x16 widen(const uint8_t* p) {
@@ -455,7 +456,6 @@ inline i32x16 widen(const uint8_t* p) {
   return v;
 #endif
 }
-inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_u*>(p) = v; }
 
 // w's rows [k0, k1), columns [c0, c1) (multiples of 32) -> buf (row k at buf + (k - k0) * N).
 void dequantize_q41(const uint8_t* nibbles, const float* scale, const float* minimum, int64_t N, float* buf,
