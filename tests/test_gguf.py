@@ -340,11 +340,15 @@ def test_gguf_blocks_compute_exactly_the_float32_model(toy, tmp_path, monkeypatc
     np.testing.assert_array_equal(np.asarray(blocks.logits(ids)), np.asarray(dense.logits(ids)))
     ids = jnp.asarray(RNG.integers(0, CFG.vocab_size, (2, 12)), jnp.int32)     # float32's LM head: XLA's GEMM
     np.testing.assert_allclose(np.asarray(blocks.logits(ids)), np.asarray(dense.logits(ids)), atol=1e-5)
-    prompt = RNG.integers(3, CFG.vocab_size, 20).tolist() * 2
-    plain = specjax.generate(dense, [prompt], specjax.SpecConfig(max_new_tokens=24)).tokens
-    for cfg in (specjax.SpecConfig(max_new_tokens=24),
-                specjax.SpecConfig(method="ngram", num_speculative_tokens=4, max_new_tokens=24)):
-        assert specjax.generate(blocks, [prompt], cfg).tokens == plain
+    prompts = [RNG.integers(3, CFG.vocab_size, 20).tolist() * 2, RNG.integers(3, CFG.vocab_size, 9).tolist()]
+    plain = specjax.generate(dense, prompts, specjax.SpecConfig(max_new_tokens=24)).tokens
+    skip = dict(drafter_options=dict(skip_layers=[1]))
+    for method, opts in (("none", {}), ("ngram", dict(num_speculative_tokens=4)),
+                         ("suffix", dict(num_speculative_tokens=4)), ("lookahead", dict(num_speculative_tokens=16)),
+                         ("layer_skip", dict(num_speculative_tokens=3, **skip)),      # drafts with the fused layers
+                         ("layer_skip", dict(num_steps=2, topk=2, num_draft_tokens=4, **skip))):
+        cfg = specjax.SpecConfig(method=method, max_new_tokens=24, **opts)
+        assert specjax.generate(blocks, prompts, cfg).tokens == plain, (method, opts)
 
 
 def test_gguf_blocks_refuse_what_they_cannot_keep(toy, tmp_path, monkeypatch):
