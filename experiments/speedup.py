@@ -243,7 +243,8 @@ def one_at_a_time() -> None:
             baselines[key] = run_prompts(target, prompts, [(plain_config, None)])[0]
             tps = baselines[key][1]["tokens_per_s"]
             print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
-                  f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weight reads")
+                  f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
+                  + (" (read as their GGUF blocks)" if FLAGS.weight_format == "gguf" else " read"))
         drafter_arg = drafter_argument(target, method, baselines[key][0], run["drafter"])
         artifact = artifact_name(method, run)
         config = spec_config(method, k, tree, artifact, **run["overrides"])
