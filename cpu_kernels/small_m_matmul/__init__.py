@@ -59,17 +59,20 @@ def min_rows() -> int:
     return 1 if cores() > 1 else 2
 
 
-def applies(x_shape, w_shape, dtype, transposed: bool = False) -> str | None:
-    """Why the kernel cannot take this product (None: it can). Static: shapes and dtypes only."""
+def applies(x_shape, w_shape, dtype, transposed: bool = False, quantized: bool = False) -> str | None:
+    """Why the kernel cannot take this product (None: it can). Static: shapes and dtypes only. quantized: w is
+    in blocks (Q4_1Matrix, Q8_0Matrix), which the kernel takes at any row count up to MAX_ROWS (XLA's GEMM, faster
+    over float32 w [N, K] at 17-64 rows, would need the weights dequantized first)."""
     if os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0":
         return "turned off by SPECJAX_SMALL_M_MATMUL=0"
     if jnp.dtype(dtype) != jnp.float32:
         return f"dtype {jnp.dtype(dtype)} (the kernel is float32)"
     M = int(np.prod(x_shape[:-1]))
-    if transposed and not (min_rows() <= M <= MAX_ROWS_TRANSPOSED or XLA_GEMM_MAX_ROWS < M <= MAX_ROWS):
+    if (transposed and not quantized
+            and not (min_rows() <= M <= MAX_ROWS_TRANSPOSED or XLA_GEMM_MAX_ROWS < M <= MAX_ROWS)):
         return (f"{M} rows (the kernel takes {min_rows()}..{MAX_ROWS_TRANSPOSED} or {XLA_GEMM_MAX_ROWS + 1}.."
                 f"{MAX_ROWS} for w [N, K] here)")
-    if not transposed and not min_rows() <= M <= MAX_ROWS:
+    if (quantized or not transposed) and not min_rows() <= M <= MAX_ROWS:
         return f"{M} rows (the kernel takes {min_rows()}..{MAX_ROWS} here)"
     K, N = (w_shape[1], w_shape[0]) if transposed else w_shape
     if (K if transposed else N) % LANES:
@@ -81,9 +84,7 @@ def small_m_matmul(x: jax.Array, w: jax.Array, transposed: bool = False, *, part
     """The kernel itself (CPU only): x [M, K] @ w -> [M, N]. parts: the threads the work is spread over (default:
     the machine's cores: the calling thread and XLA's intra-op pool; w [N, K]: as many column ranges, w [K, N]: two
     halves of w's rows times parts // 2 column ranges). The result does not depend on it."""
-    target = build.load()
-    if target is None:
-        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    target = _built()
     if x.ndim != 2 or w.ndim != 2:
         raise ValueError(f"small_m_matmul takes x [M, K] and w 2-D, got {x.shape} and {w.shape}")
     K, N = (w.shape[1], w.shape[0]) if transposed else w.shape
@@ -173,9 +174,7 @@ class Q8_0Matrix(NamedTuple):
 def small_m_matmul_q8_0(x: jax.Array, w: Q8_0Matrix, *, parts: int | None = None) -> jax.Array:
     """The kernel over Q8_0 rows (CPU only): x [M, K] @ w.T -> [M, N], bit-identical to small_m_matmul(x,
     w.dequantize(), transposed=True)."""
-    target = build.load()
-    if target is None:
-        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    _built()
     N, K = w.shape
     if x.ndim != 2 or x.shape[1] != K or K % Q8_0Matrix.BLOCK:
         raise ValueError(f"small_m_matmul_q8_0 takes x [M, {K}] for w [{N}, {K}] (K % 32 == 0), got x {x.shape}")
@@ -189,9 +188,7 @@ def small_m_matmul_q8_0(x: jax.Array, w: Q8_0Matrix, *, parts: int | None = None
 def small_m_matmul_q4_1(x: jax.Array, w: Q4_1Matrix, *, parts: int | None = None) -> jax.Array:
     """The kernel over Q4_1 blocks (CPU only): x [M, K] @ w -> [M, N], bit-identical to small_m_matmul(x,
     w.dequantize()) for every M, parts and core count."""
-    target = build.load()
-    if target is None:
-        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    _built()
     K, N = w.shape
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"small_m_matmul_q4_1 takes x [M, {K}] for w [{K}, {N}], got x {x.shape}")
@@ -200,6 +197,14 @@ def small_m_matmul_q4_1(x: jax.Array, w: Q4_1Matrix, *, parts: int | None = None
     call = jax.ffi.ffi_call(build.Q4_1_TARGET, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32),
                             vmap_method="sequential")
     return call(x, w.nibbles, w.scale, w.minimum, parts=np.int64(parts or cores()))
+
+
+def _built() -> str:
+    """The float32 kernel's FFI target (the quantized ones register with it); a clear error where none was built."""
+    target = build.load()
+    if target is None:
+        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
+    return target
 
 
 def cores() -> int:
@@ -224,45 +229,22 @@ def _kernel_backward(transposed, residuals, g):
 _differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
 
 
-def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix, transposed: bool = False) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q8_0Matrix, transposed: bool = False) -> jax.Array:
     """x [..., K] @ w [K, N] (transposed: w [N, K]) -> [..., N]: the kernel on CPU where `applies`, else XLA's dot.
     With an accelerator as the default backend nothing is built and XLA's dot is traced; a CPU program lowered
     for another platform lowers XLA's dot there (lax.platform_dependent). w may be a Q4_1Matrix (nn) or a Q8_0Matrix
-    (transposed)."""
-    if isinstance(w, Q4_1Matrix):
-        return _matmul_q4_1(x, w, transposed)
-    if isinstance(w, Q8_0Matrix):
-        return _matmul_q8_0(x, w, transposed)
-    reference = lambda x, w: small_m_matmul_reference(x, w, transposed)
-    if (jax.default_backend() != "cpu" or x.dtype != w.dtype or applies(x.shape, w.shape, x.dtype, transposed)
-            or build.load() is None):
-        return reference(x, w)
-    lead = x.shape[:-1]
-    kernel = lambda x, w: _differentiable_kernel(x.reshape(-1, x.shape[-1]), w, transposed).reshape(*lead, -1)
-    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
-
-
-def _matmul_q4_1(x: jax.Array, w: Q4_1Matrix, transposed: bool) -> jax.Array:
-    if transposed:
+    (transposed); XLA's dot takes them dequantized."""
+    if isinstance(w, Q4_1Matrix) and transposed:
         raise ValueError("a Q4_1Matrix is w [K, N]; transposed products take a float32 w")
-    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize())
-    if (jax.default_backend() != "cpu" or applies(x.shape, w.shape, x.dtype) or build.load() is None):
-        return reference(x, w)
-    lead = x.shape[:-1]
-    kernel = lambda x, w: small_m_matmul_q4_1(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
-    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
-
-
-def _matmul_q8_0(x: jax.Array, w: Q8_0Matrix, transposed: bool) -> jax.Array:
-    """The kernel at up to MAX_ROWS rows (also at 17-64, where XLA's GEMM wins over float32 weights: it would need
-    them dequantized first), else the dequantized w through XLA's dot."""
-    if not transposed:
+    if isinstance(w, Q8_0Matrix) and not transposed:
         raise ValueError("a Q8_0Matrix is w [N, K], read transposed (matmul(x, w, transposed=True))")
-    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize(), True)
-    M = int(np.prod(x.shape[:-1]))
-    if (jax.default_backend() != "cpu" or os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0"
-            or x.dtype != jnp.float32 or not min_rows() <= M <= MAX_ROWS or build.load() is None):
+    quantized = isinstance(w, (Q4_1Matrix, Q8_0Matrix))
+    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize() if quantized else w, transposed)
+    if (jax.default_backend() != "cpu" or x.dtype != w.dtype
+            or applies(x.shape, w.shape, x.dtype, transposed, quantized) or build.load() is None):
         return reference(x, w)
+    product = {Q4_1Matrix: small_m_matmul_q4_1, Q8_0Matrix: small_m_matmul_q8_0}.get(
+        type(w), lambda x, w: _differentiable_kernel(x, w, transposed))
     lead = x.shape[:-1]
-    kernel = lambda x, w: small_m_matmul_q8_0(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
+    kernel = lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
     return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
