@@ -311,17 +311,26 @@ class SpecjaxGgufEngine(SpecjaxEngine):
     load_model(..., weight_format="gguf")): the same weight values and tokens, a third of the bytes per step. The
     target directory must be a conversion of a GGUF file whose layers are Q4_1."""
     name = "specjax_gguf"
+    weight_format = "gguf"
 
     def load(self, target_dir: str, drafters: dict[str, str]) -> None:
         source = converted_from(target_dir)
         if source is None:
-            raise ValueError(f"{target_dir} is not a converted GGUF file: the specjax_gguf engine needs one")
-        self.target = specjax.load_model(source, weight_format="gguf")
+            raise ValueError(f"{target_dir} is not a converted GGUF file: the {self.name} engine needs one")
+        self.target = specjax.load_model(source, weight_format=self.weight_format)
         self.drafters = {m: specjax.load_model(d) if m == "draft_model" else d for m, d in drafters.items()}
 
 
-ENGINES = {"specjax": SpecjaxEngine, "specjax_gguf": SpecjaxGgufEngine, "transformers": TransformersEngine,
-           "vllm": VllmEngine}
+class SpecjaxGgufInt8Engine(SpecjaxGgufEngine):
+    """The same blocks in llama.cpp's arithmetic (weight_format="gguf_int8": 8-bit activations, integer dots): a
+    lossy model near the float32 one, so its tokens may differ from the other engines' (the comparison counts
+    them)."""
+    name = "specjax_gguf_int8"
+    weight_format = "gguf_int8"
+
+
+ENGINES = {"specjax": SpecjaxEngine, "specjax_gguf": SpecjaxGgufEngine, "specjax_gguf_int8": SpecjaxGgufInt8Engine,
+           "transformers": TransformersEngine, "vllm": VllmEngine}
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -330,4 +339,4 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 __all__ = ["ENGINES", "Engine", "Generation", "METHODS", "Method", "RANDOM_SHAPES", "SpecjaxEngine",
-           "SpecjaxGgufEngine", "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]
+           "SpecjaxGgufEngine", "SpecjaxGgufInt8Engine", "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]

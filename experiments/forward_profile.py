@@ -4,11 +4,12 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
   python -m experiments.forward_profile                                  # SmolLM2-135M and the toy
   python -m experiments.forward_profile --targets=stdlib-target --positions=1,5 --batch=8
   python -m experiments.forward_profile --matmul=kernel,xla --nobreakdown     # the small-M kernel vs XLA's dot
-  python -m experiments.forward_profile --targets=smollm2-135m --weight_format=float32,gguf   # its GGUF blocks too
+  python -m experiments.forward_profile --targets=smollm2-135m --weight_format=float32,gguf,gguf_int8 --rounds=3
 
 --matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
 small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
-SPECJAX_SMALL_M_MATMUL=0). Each path's ratio is against its own T = 1.
+SPECJAX_SMALL_M_MATMUL=0). Each path's ratio is against its own T = 1. The weight formats of a target and the
+matmul paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
 
 Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
 compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
@@ -44,9 +45,12 @@ flags.DEFINE_integer("context", 332, "tokens of history in the cache")
 flags.DEFINE_integer("batch", 1, "rows per forward")
 flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
 flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
-flags.DEFINE_list("weight_format", ["float32"], "the target's weights, side by side: float32, gguf (a GGUF "
-                  "target's own blocks, load_model(weight_format=); other targets are measured in float32 only)")
+flags.DEFINE_list("weight_format", ["float32"], "the target's weights, side by side: float32, gguf, gguf_int8 "
+                  "(a GGUF target's own blocks, load_model(weight_format=); other targets are measured in float32 "
+                  "only)")
 flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
+flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
+                     "machine's slow phases hit every cell alike)")
 flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
 
 MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion")
@@ -87,21 +91,27 @@ def main(argv):
     unknown = set(FLAGS.matmul) - set(MATMUL_PATHS)
     if unknown:                                          # before any measurement
         raise app.UsageError(f"unknown --matmul paths {sorted(unknown)}: choose from {sorted(MATMUL_PATHS)}")
-    for name, weights in itertools.product(FLAGS.targets, FLAGS.weight_format):
-        if weights != "float32" and not checkpoints.resolve(name, "model").endswith(".gguf"):
-            print(f"{name}: not a GGUF model, measured with float32 layers only")
-            continue
-        model = specjax.load_model(name, weight_format=weights)
-        label = name if weights == "float32" else f"{name} ({weights})"
-        weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
-        one = {}
-        for T, path in itertools.product(positions, FLAGS.matmul):
-            with matmul_path(path):
-                seconds = costs.forward_seconds(model, FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
-            one.setdefault(path, seconds)
+    for name in FLAGS.targets:
+        models = {}                  # every format of this target, measured side by side (for each T, in turn)
+        for weights in FLAGS.weight_format:
+            if weights != "float32" and not checkpoints.resolve(name, "model").endswith(".gguf"):
+                print(f"{name}: not a GGUF model, measured with float32 layers only")
+                continue
+            models[weights] = specjax.load_model(name, weight_format=weights)
+        cells = list(itertools.product(positions, models, FLAGS.matmul))
+        seconds = {}                 # the fastest of --rounds sweeps (a sweep is every cell once, in turn)
+        for _ in range(FLAGS.rounds):
+            for T, weights, path in cells:
+                with matmul_path(path):
+                    s = costs.forward_seconds(models[weights], FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
+                seconds[T, weights, path] = min(s, seconds.get((T, weights, path), s))
+        for T, weights, path in cells:
+            model, sec = models[weights], seconds[T, weights, path]
+            one = seconds[positions[0], weights, path]
+            label = name if weights == "float32" else f"{name} ({weights})"
+            weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
             row = dict(target=name, weight_format=weights, matmul=path, batch=FLAGS.batch, context=FLAGS.context,
-                       positions=T, ms=seconds * 1e3, vs_one=seconds / one[path],
-                       weight_GB_s=weight_bytes / seconds / 1e9)
+                       positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes / sec / 1e9)
             if FLAGS.breakdown:
                 with matmul_path(path):
                     kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
@@ -111,16 +121,16 @@ def main(argv):
                            ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
                                 for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
                 top = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]
-                summary.append([label, path, T, f"{seconds * 1e3:.2f}", f"{seconds / one[path]:.2f}",
+                summary.append([label, path, T, f"{sec * 1e3:.2f}", f"{sec / one:.2f}",
                                 "; ".join(f"{k} {ms:.2f} ms x{c:.0f}" for k, (ms, c) in top)])
             rows.append(row)
-            print(f"{label} {path} T={T}: {seconds * 1e3:.2f} ms, {seconds / one[path]:.2f}x T=1"
+            print(f"{label} {path} T={T}: {sec * 1e3:.2f} ms, {sec / one:.2f}x T={positions[0]}"
                   + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else ""), flush=True)
     header = ["target", "matmul", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
     if summary:
         print(text_table(header, summary))
     write_table(rows, FLAGS.out, {"positions": positions, "context": FLAGS.context, "batch": FLAGS.batch,
-                                  "inner": INNER, "matmul": FLAGS.matmul,
+                                  "inner": INNER, "matmul": FLAGS.matmul, "rounds": FLAGS.rounds,
                                   "weight_format": FLAGS.weight_format})
 
 

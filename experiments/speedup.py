@@ -67,9 +67,11 @@ from experiments.tables import pyplot, save_figure, write_table
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "smollm2-135m", "target model: a shipped or installed name, an HF directory or a "
                     "GGUF file (the toy: stdlib-target)")
-flags.DEFINE_enum("weight_format", "float32", ["float32", "gguf"], "the target's weights: float32, or gguf (a GGUF "
-                  "target's own Q4_1 / Q8_0 blocks read by the CPU kernel: the same values and tokens, a third of "
-                  "the bytes per step; load_model(weight_format=))")
+flags.DEFINE_enum("weight_format", "float32", ["float32", "gguf", "gguf_int8"], "the target's weights: float32, "
+                  "gguf (a GGUF target's own Q4_1 / Q8_0 blocks read by the CPU kernel: the same values and tokens, "
+                  "a third of the bytes per step) or gguf_int8 (those blocks in llama.cpp's arithmetic, 8-bit "
+                  "activations: LOSSY, and speculative tokens not promised equal to plain ones); "
+                  "load_model(weight_format=)")
 flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method drafts from (a directory or a shipped "
                   "name), e.g. draft_model=stdlib-draft on the toy target")
 # The default runs: the training-free drafters on the real target's three chat prompt sets (generation stops at
@@ -244,7 +246,8 @@ def one_at_a_time() -> None:
             tps = baselines[key][1]["tokens_per_s"]
             print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
                   f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
-                  + (" (read as their GGUF blocks)" if FLAGS.weight_format == "gguf" else " read"))
+                  + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
+                     else " read"))
         drafter_arg = drafter_argument(target, method, baselines[key][0], run["drafter"])
         artifact = artifact_name(method, run)
         config = spec_config(method, k, tree, artifact, **run["overrides"])

@@ -351,6 +351,37 @@ def test_gguf_blocks_compute_exactly_the_float32_model(toy, tmp_path, monkeypatc
         assert specjax.generate(blocks, prompts, cfg).tokens == plain, (method, opts)
 
 
+def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(toy, tmp_path, monkeypatch):
+    """load_model(..., weight_format="gguf_int8"): the same blocks in llama.cpp's arithmetic (8-bit activations,
+    integer dots), a lossy model near the float32 one; it decodes plain and speculatively (its speculative tokens
+    are NOT promised equal to its plain ones: the rest of the forward differs at float32 rounding between a
+    one-position step and a verify pass, which quantizing activations can amplify; the README says so)."""
+    import specjax
+    from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q8_0Int8Matrix, build
+    if build.load() is None:
+        pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy-q4_1.gguf"
+    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    dense = load_model(path)
+    int8 = load_model(path, weight_format="gguf_int8")
+    assert isinstance(int8.params["layers"][0]["wqkv"], Q4_1Int8Matrix)
+    assert isinstance(int8.params["embed_blocks"], Q8_0Int8Matrix)      # vocab 300 padded to 304 rows
+    ids = jnp.asarray(RNG.integers(0, CFG.vocab_size, (2, 12)), jnp.int32)
+    a, b = np.asarray(dense.logits(ids)), np.asarray(int8.logits(ids))
+    assert b.shape == a.shape and not np.array_equal(a, b)              # another function ...
+    assert np.abs(a - b).max() < 0.1 * np.abs(a).max()                  # ... near the float32 one
+    prompts = [RNG.integers(3, CFG.vocab_size, 20).tolist() * 2, RNG.integers(3, CFG.vocab_size, 9).tolist()]
+    config = specjax.SpecConfig(max_new_tokens=24)
+    plain = specjax.generate(int8, prompts, config).tokens
+    assert specjax.generate(int8, prompts, config).tokens == plain       # deterministic
+    spec = specjax.generate(int8, prompts, specjax.SpecConfig(method="ngram", num_speculative_tokens=4,
+                                                               max_new_tokens=24)).tokens
+    assert [len(t) for t in spec] == [len(t) for t in plain]
+    with pytest.raises(ValueError, match="weight_format='float32' to save"):
+        int8.save_pretrained(tmp_path / "out")
+
+
 def test_gguf_blocks_refuse_what_they_cannot_keep(toy, tmp_path, monkeypatch):
     import specjax
     from specjax.sharding import make_mesh

@@ -8,9 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, Q4_1Matrix, applies, build,
-                                        Q8_0Matrix, matmul, small_m_matmul, small_m_matmul_q4_1, small_m_matmul_q8_0,
-                                        small_m_matmul_reference)
+from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, Q4_1Int8Matrix, Q4_1Matrix,
+                                        Q8_0Int8Matrix, Q8_0Matrix, applies, build, matmul, small_m_matmul,
+                                        small_m_matmul_q4_1, small_m_matmul_q4_1_int8, small_m_matmul_q8_0,
+                                        small_m_matmul_q8_0_int8, small_m_matmul_reference)
+from cpu_kernels.small_m_matmul.reference import (q4_1_int8_reference, q8_0_int8_reference, quantize_rows_q8,
+                                                  unpack_q4_1_int8, unpack_q8_0_int8)
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
 
@@ -246,3 +249,123 @@ def test_q8_0_kernel_equals_the_float32_kernel_on_the_dequantized_weights(N, K):
                               np.asarray(small_m_matmul_q8_0(x[:3], w)))
     with pytest.raises(ValueError, match="transposed"):
         matmul(x, w)
+
+
+# ------------------------------------------------------------- blocks times 8-bit activations (llama.cpp's arithmetic)
+
+def _llama_cpp_product(x, q, scale, minimum=None):
+    """numpy, float64 after the integer part: x's rows quantized per block of 32 (round half to even), exact integer
+    dots, then sum over blocks of scale * d * I (+ minimum * d * sum q). q [K, N] int, scale/minimum [K / 32, N]."""
+    M, K = x.shape
+    xb = x.reshape(M, K // 32, 32)
+    d = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
+    inverse = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    xq = np.rint(xb * inverse[..., None]).astype(np.int64)                            # [M, B, 32]
+    dots = np.einsum("mbk,bkn->mbn", xq, q.reshape(K // 32, 32, -1).astype(np.int64)).astype(np.float64)
+    y = scale[None].astype(np.float64) * d[..., None] * dots
+    if minimum is not None:
+        y += minimum[None].astype(np.float64) * d[..., None] * xq.sum(-1)[..., None]
+    return y.sum(1)
+
+
+def _q4_1_int8(K, N, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    d = (rng.standard_normal((K // 32, N)) * 0.01).astype(np.float32)
+    m = (rng.standard_normal((K // 32, N)) * 0.01).astype(np.float32)
+    w = Q4_1Int8Matrix.from_q4_1(Q4_1Matrix.from_blocks(q, d, m))
+    return Q4_1Int8Matrix(*map(jnp.asarray, w)), q, d, m
+
+
+@pytest.mark.parametrize("K,N", [(32, 32), (96, 96), (576, 192)])
+def test_q4_1_int8_kernel_is_llama_cpp_arithmetic_and_rows_independent_of_m(K, N):
+    w, q, d, m = _q4_1_int8(K, N)
+    np.testing.assert_array_equal(np.asarray(unpack_q4_1_int8(w.packed)), q)          # the packing round trip
+    x = np.random.default_rng(1).standard_normal((40, K), dtype=np.float32)
+    full = np.asarray(small_m_matmul_q4_1_int8(jnp.asarray(x), w))
+    want = _llama_cpp_product(x, q, d, m)
+    np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(np.asarray(q4_1_int8_reference(jnp.asarray(x), *w)), full, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+    dense = x @ (np.repeat(d, 32, 0) * q + np.repeat(m, 32, 0))                      # near the float32 product
+    assert np.abs(full - dense).max() < 0.05 * np.abs(dense).max()
+    for M in [1, 2, 3, 5, 8, 9, 10, 17, 40]:
+        for parts in (1, 2, 3):
+            np.testing.assert_array_equal(np.asarray(small_m_matmul_q4_1_int8(jnp.asarray(x[:M]), w, parts=parts)),
+                                          full[:M])
+    got = jax.jit(matmul)(jnp.asarray(x[:6].reshape(2, 3, K)), w)                    # [..., K] through the dispatch
+    np.testing.assert_array_equal(np.asarray(got).reshape(6, N), full[:6])
+
+
+@pytest.mark.parametrize("N,K", [(16, 32), (80, 96), (48, 576)])
+def test_q8_0_int8_kernel_is_llama_cpp_arithmetic_and_rows_independent_of_m(N, K):
+    w8, dense = _q8_0(N, K)
+    w = Q8_0Int8Matrix(*map(jnp.asarray, Q8_0Int8Matrix.from_q8_0(w8)))
+    np.testing.assert_array_equal(np.asarray(unpack_q8_0_int8(w.packed)), np.asarray(w8.values))
+    x = np.random.default_rng(1).standard_normal((40, K), dtype=np.float32)
+    full = np.asarray(small_m_matmul_q8_0_int8(jnp.asarray(x), w))
+    want = _llama_cpp_product(x, np.asarray(w8.values).T, np.asarray(w8.scale).T)
+    np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(np.asarray(q8_0_int8_reference(jnp.asarray(x), *w)), full, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+    assert np.abs(full - x @ dense.T).max() < 0.05 * np.abs(x @ dense.T).max()
+    for M in [1, 2, 5, 9, 10, 40]:
+        for parts in (1, 2, 3):
+            np.testing.assert_array_equal(np.asarray(small_m_matmul_q8_0_int8(jnp.asarray(x[:M]), w, parts=parts)),
+                                          full[:M])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: matmul(x, w, True))(jnp.asarray(x[:3]), w)),
+                                  full[:3])
+
+
+def test_int8_activations_round_half_to_even_like_the_reference():
+    """One block whose largest |x| is 127 (d = 1): x = 2.5 and -3.5 are ties; scale 1, minimum 0, so y is the
+    integer dot itself, exactly, in the kernel and in the reference."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [127.0, 2.5, -3.5, 0.5]
+    q = np.zeros((32, 32), np.uint8)
+    q[1, 0] = q[2, 1] = q[3, 2] = 1                                      # column n reads x[n + 1]
+    w = Q4_1Int8Matrix(*map(jnp.asarray, Q4_1Int8Matrix.from_q4_1(
+        Q4_1Matrix.from_blocks(q, np.ones((1, 32), np.float32), np.zeros((1, 32), np.float32)))))
+    got = np.asarray(small_m_matmul_q4_1_int8(jnp.asarray(x), w))[0, :3]
+    np.testing.assert_array_equal(got, [2.0, -4.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(q4_1_int8_reference(jnp.asarray(x), *w))[0, :3], got)
+    xq, d, s = quantize_rows_q8(jnp.asarray(x))
+    assert float(d[0, 0]) == 1.0 and float(s[0, 0]) == 127 + 2 - 4 + 0
+
+
+def test_int8_planted_bugs_are_seen():
+    w, q, d, m = _q4_1_int8(64, 32)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 64), dtype=np.float32))
+    good = np.asarray(small_m_matmul_q4_1_int8(x, w))
+    packed = np.array(w.packed)
+    packed[1, 2, 5] ^= 0x10                                             # one high nibble
+    assert not np.array_equal(np.asarray(small_m_matmul_q4_1_int8(x, w._replace(packed=jnp.asarray(packed)))), good)
+    swapped = np.asarray(w.packed)
+    swapped = (swapped >> 4) | ((swapped & 15) << 4)                    # the halves' order of k swapped
+    assert not np.allclose(np.asarray(small_m_matmul_q4_1_int8(x, w._replace(packed=jnp.asarray(swapped)))), good,
+                           atol=1e-3)
+    minimum = np.array(w.minimum)
+    minimum[1, 7] += 1.0                                                # one block's minimum
+    assert not np.array_equal(np.asarray(small_m_matmul_q4_1_int8(x, w._replace(minimum=jnp.asarray(minimum)))),
+                              good)
+    w8 = Q8_0Int8Matrix(*map(jnp.asarray, Q8_0Int8Matrix.from_q8_0(_q8_0(32, 64)[0])))
+    good = np.asarray(small_m_matmul_q8_0_int8(x, w8))
+    packed = np.array(w8.packed)
+    packed[0, 3, 9] ^= 1
+    assert not np.array_equal(np.asarray(small_m_matmul_q8_0_int8(x, w8._replace(packed=jnp.asarray(packed)))), good)
+
+
+def test_int8_blocks_refuse_bad_input():
+    w, *_ = _q4_1_int8(64, 32)
+    x = jnp.ones((2, 64), jnp.float32)
+    with pytest.raises(ValueError, match=r"is w \[K, N\]"):
+        matmul(x, w, transposed=True)
+    with pytest.raises(ValueError, match="float32 x"):
+        matmul(x.astype(jnp.bfloat16), w)
+    with pytest.raises(ValueError, match="x \\[M, 64\\]"):
+        small_m_matmul_q4_1_int8(jnp.ones((2, 32), jnp.float32), w)
+    with pytest.raises(ValueError, match="N % 16"):
+        Q8_0Int8Matrix.from_q8_0(_q8_0(37, 64)[0])
+    w8 = Q8_0Int8Matrix(*map(jnp.asarray, Q8_0Int8Matrix.from_q8_0(_q8_0(32, 64)[0])))
+    with pytest.raises(ValueError, match="read transposed"):
+        matmul(x, w8)

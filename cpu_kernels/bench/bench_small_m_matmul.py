@@ -7,10 +7,12 @@ the time per matrix, the weight bandwidth reached, and the cost relative to M = 
   python -m cpu_kernels.bench.bench_small_m_matmul                                   # SmolLM2-135M's shapes
   python -m cpu_kernels.bench.bench_small_m_matmul --rows 1,5,9,40 --shapes nn:576x1536 --parts 1
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1:576x1536,q4_1:1536x576   # Q4_1 blocks
+  python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1_int8:576x1536       # llama.cpp's arithmetic
 
 For q4_1 shapes the first columns are the kernel over Q4_1 blocks and the last the float32 kernel over the same
-dequantized weights (GB/s: float32 bytes the product stands for, per second; each streams --megabytes of its own
-storage).
+dequantized weights; for q4_1_int8 the first are the same blocks with 8-bit activations and integer dot products
+(small_m_matmul_q4_1_int8) and the last the exact Q4_1 kernel (GB/s: float32 bytes the product stands for, per
+second; each streams --megabytes of its own storage).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import jax.numpy as jnp
 
 import numpy as np
 
-from cpu_kernels.small_m_matmul import Q4_1Matrix, small_m_matmul, small_m_matmul_q4_1, small_m_matmul_reference
+from cpu_kernels.small_m_matmul import (Q4_1Int8Matrix, Q4_1Matrix, small_m_matmul, small_m_matmul_q4_1,
+                                       small_m_matmul_q4_1_int8, small_m_matmul_reference)
 
 
 def fastest(fn, *args, reps: int) -> float:
@@ -51,7 +54,8 @@ def chained(product, rows: int, K: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="nn:576x1536,nn:1536x576,nt:49152x576",
-                    help="form:AxB: nn w [K, N] = AxB; nt w [N, K] = AxB (a tied LM head); q4_1 w [K, N] as Q4_1")
+                    help="form:AxB: nn w [K, N] = AxB; nt w [N, K] = AxB (a tied LM head); q4_1 w [K, N] as Q4_1; "
+                         "q4_1_int8 the same blocks times 8-bit activations")
     ap.add_argument("--rows", default="1,2,3,5,9,17,40", help="M values")
     ap.add_argument("--megabytes", type=float, default=400, help="weight bytes streamed per call, in MB")
     ap.add_argument("--parts", type=int, default=None, help="the kernel's thread split (default: the cores)")
@@ -62,7 +66,7 @@ def main() -> None:
     for spec in a.shapes.split(","):
         form, dims = spec.split(":")
         A, B = (int(d) for d in dims.split("x"))
-        transposed, quantized = form == "nt", form == "q4_1"
+        transposed, quantized = form == "nt", form in ("q4_1", "q4_1_int8")
         K = B if transposed else A
         layers = max(1, int(a.megabytes * 1e6 // (A * B * (0.75 if quantized else 4))))
         if quantized:
@@ -72,9 +76,13 @@ def main() -> None:
                                              rng.standard_normal((A // 32, B)).astype(np.float32) * 1e-2)
                       for _ in range(layers)]
             ws = [Q4_1Matrix(*map(jnp.asarray, b)) for b in blocks]
-            dense = [w.dequantize() for w in ws[:max(1, int(a.megabytes * 1e6 // (A * B * 4)))]]
-            candidates = (("kernel", lambda x, w: small_m_matmul_q4_1(x, w, parts=a.parts), ws),
-                          ("xla", lambda x, w: small_m_matmul(x, w, parts=a.parts), dense))
+            exact = ("exact", lambda x, w: small_m_matmul_q4_1(x, w, parts=a.parts), ws)
+            if form == "q4_1_int8":
+                packed = [Q4_1Int8Matrix(*map(jnp.asarray, Q4_1Int8Matrix.from_q4_1(b))) for b in blocks]
+                candidates = (("int8", lambda x, w: small_m_matmul_q4_1_int8(x, w, parts=a.parts), packed), exact)
+            else:
+                dense = [w.dequantize() for w in ws[:max(1, int(a.megabytes * 1e6 // (A * B * 4)))]]
+                candidates = (exact, ("xla", lambda x, w: small_m_matmul(x, w, parts=a.parts), dense))
         else:
             ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
             candidates = (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts), ws),

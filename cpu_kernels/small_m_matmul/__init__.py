@@ -25,6 +25,11 @@ Quantized weights: `Q4_1Matrix` holds w [K, N] as llama.cpp's Q4_1 blocks (0.75 
 place of w. The kernel dequantizes in cache or registers and sums with the float32 code, so the product is
 bit-identical to the float32 kernel's over the dequantized w (scale * q is exact in float32); where the kernel does
 not apply, w is dequantized in XLA and XLA's dot takes it.
+
+`Q4_1Int8Matrix` and `Q8_0Int8Matrix` hold the same blocks for another product: llama.cpp's own arithmetic (x's
+rows quantized to 8 bits per block of 32, exact integer dot products, one float scaling per block), a quarter of
+the float32 work per weight, NOT the float32 product (lossy against it, like llama.cpp itself); their rows are
+bit-identical whatever M.
 """
 from __future__ import annotations
 
@@ -37,11 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels.small_m_matmul import build
-from cpu_kernels.small_m_matmul.reference import dequantize_q4_1, dequantize_q8_0, small_m_matmul_reference
+from cpu_kernels.small_m_matmul.reference import (dequantize_q4_1, dequantize_q8_0, q4_1_int8_reference,
+                                                  q8_0_int8_reference, small_m_matmul_reference)
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "Q4_1Matrix", "Q8_0Matrix", "XLA_GEMM_MAX_ROWS", "applies", "cores",
-           "matmul", "min_rows", "small_m_matmul", "small_m_matmul_q4_1", "small_m_matmul_q8_0",
-           "small_m_matmul_reference"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Matrix", "Q8_0Matrix",
+           "XLA_GEMM_MAX_ROWS", "applies", "cores", "matmul", "min_rows", "small_m_matmul", "small_m_matmul_q4_1",
+           "small_m_matmul_q4_1_int8", "small_m_matmul_q8_0", "small_m_matmul_q8_0_int8", "small_m_matmul_reference"]
 
 # Measured on a 2-core AVX-512 CPU over weights streamed from memory: the kernel was as fast as XLA's GEMM or faster
 # up to MAX_ROWS rows (nn); nt's blocks hold fewer rows, and XLA's GEMM was the faster path for 17-64 of them. Above
@@ -63,7 +69,7 @@ def applies(x_shape, w_shape, dtype, transposed: bool = False, quantized: bool =
     """Why the kernel cannot take this product (None: it can). Static: shapes and dtypes only. quantized: w is
     in blocks (Q4_1Matrix, Q8_0Matrix), which the kernel takes at any row count up to MAX_ROWS (XLA's GEMM, faster
     over float32 w [N, K] at 17-64 rows, would need the weights dequantized first)."""
-    if os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0":
+    if _turned_off():
         return "turned off by SPECJAX_SMALL_M_MATMUL=0"
     if jnp.dtype(dtype) != jnp.float32:
         return f"dtype {jnp.dtype(dtype)} (the kernel is float32)"
@@ -171,32 +177,93 @@ class Q8_0Matrix(NamedTuple):
         return dequantize_q8_0(self.values, self.scale)
 
 
+class Q4_1Int8Matrix(NamedTuple):
+    """The blocks of a Q4_1Matrix packed for integer dot products against 8-bit activations (llama.cpp's Q4_1 x Q8_1
+    arithmetic, `small_m_matmul_q4_1_int8`): not the float32 product over the dequantized w. A pytree."""
+    packed: jax.Array       # uint8 [N / 16, K / 8, 64]: by 16-column panels (reference.unpack_q4_1_int8)
+    scale: jax.Array        # float32 [K / 32, N]
+    minimum: jax.Array      # float32 [K / 32, N]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 8 * self.packed.shape[1], 16 * self.packed.shape[0]
+
+    dtype = property(_float32)
+    nbytes = property(_stored_bytes)
+
+    @classmethod
+    def from_q4_1(cls, w: Q4_1Matrix) -> "Q4_1Int8Matrix":
+        """The same blocks repacked (numpy arrays)."""
+        nibbles = np.asarray(w.nibbles)
+        K, N = w.shape
+        b = nibbles.reshape(K, N // 32, 16)
+        q = np.concatenate([b & 15, b >> 4], axis=-1).reshape(K // 8, 2, 4, N // 16, 16)   # [o, half, j, p, n]
+        q = q.transpose(3, 0, 1, 4, 2)                                                        # [p, o, half, n, j]
+        packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(N // 16, K // 8, 64)
+        return cls(np.ascontiguousarray(packed), np.asarray(w.scale), np.asarray(w.minimum))
+
+
+def small_m_matmul_q4_1_int8(x: jax.Array, w: Q4_1Int8Matrix, *, parts: int | None = None) -> jax.Array:
+    """x [M, K] @ w in llama.cpp's Q4_1 x Q8_1 arithmetic (CPU only; any M): q4_1_int8_reference up to the float
+    rounding of its last sum; every row bit-identical whatever M, parts and core count."""
+    return _block_product("small_m_matmul_q4_1_int8", build.Q4_1_INT8_TARGET, x, w, parts)
+
+
+class Q8_0Int8Matrix(NamedTuple):
+    """The rows of a Q8_0Matrix (w [N, K], read transposed) packed for integer dot products against 8-bit
+    activations (llama.cpp's Q8_0 x Q8_0 arithmetic, `small_m_matmul_q8_0_int8`). A pytree."""
+    packed: jax.Array       # uint8 [N / 16, K / 4, 64]: by 16-row panels, q + 128 (reference.unpack_q8_0_int8)
+    scale: jax.Array        # float32 [K / 32, N]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 16 * self.packed.shape[0], 4 * self.packed.shape[1]
+
+    dtype = property(_float32)
+    nbytes = property(_stored_bytes)
+
+    @classmethod
+    def from_q8_0(cls, w: Q8_0Matrix) -> "Q8_0Int8Matrix":
+        """The same blocks repacked (numpy arrays); N must be a multiple of 16."""
+        values = np.asarray(w.values)
+        N, K = values.shape
+        if N % 16:
+            raise ValueError(f"a Q8_0Int8Matrix needs N % 16 == 0, got [{N}, {K}]")
+        u = (values.astype(np.int16) + 128).astype(np.uint8).reshape(N // 16, 16, K // 4, 4)   # [p, n, r, j]
+        packed = u.transpose(0, 2, 1, 3).reshape(N // 16, K // 4, 64)
+        return cls(np.ascontiguousarray(packed), np.ascontiguousarray(np.asarray(w.scale).T))
+
+
+def small_m_matmul_q8_0_int8(x: jax.Array, w: Q8_0Int8Matrix, *, parts: int | None = None) -> jax.Array:
+    """x [M, K] @ w.T in llama.cpp's Q8_0 x Q8_0 arithmetic (CPU only; any M): q8_0_int8_reference up to the float
+    rounding of its last sum; every row bit-identical whatever M, parts and core count."""
+    return _block_product("small_m_matmul_q8_0_int8", build.Q8_0_INT8_TARGET, x, w, parts)
+
+
 def small_m_matmul_q8_0(x: jax.Array, w: Q8_0Matrix, *, parts: int | None = None) -> jax.Array:
     """The kernel over Q8_0 rows (CPU only): x [M, K] @ w.T -> [M, N], bit-identical to small_m_matmul(x,
     w.dequantize(), transposed=True)."""
-    _built()
-    N, K = w.shape
-    if x.ndim != 2 or x.shape[1] != K or K % Q8_0Matrix.BLOCK:
-        raise ValueError(f"small_m_matmul_q8_0 takes x [M, {K}] for w [{N}, {K}] (K % 32 == 0), got x {x.shape}")
-    if x.dtype != jnp.float32:
-        raise ValueError(f"small_m_matmul_q8_0 takes float32 x, got {x.dtype}")
-    call = jax.ffi.ffi_call(build.Q8_0_TARGET, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32),
-                            vmap_method="sequential")
-    return call(x, w.values, w.scale, parts=np.int64(parts or cores()))
+    return _block_product("small_m_matmul_q8_0", build.Q8_0_TARGET, x, w, parts)
 
 
 def small_m_matmul_q4_1(x: jax.Array, w: Q4_1Matrix, *, parts: int | None = None) -> jax.Array:
     """The kernel over Q4_1 blocks (CPU only): x [M, K] @ w -> [M, N], bit-identical to small_m_matmul(x,
     w.dequantize()) for every M, parts and core count."""
+    return _block_product("small_m_matmul_q4_1", build.Q4_1_TARGET, x, w, parts)
+
+
+def _block_product(name: str, target: str, x: jax.Array, w, parts: int | None) -> jax.Array:
+    """The kernel `target` over quantized blocks w (a NamedTuple of arrays, the FFI call's operands in order):
+    x [M, K] float32 -> [M, N]; w [N, K] for the transposed kinds (Q8_0)."""
     _built()
-    K, N = w.shape
+    transposed = isinstance(w, (Q8_0Matrix, Q8_0Int8Matrix))
+    N, K = w.shape if transposed else w.shape[::-1]
     if x.ndim != 2 or x.shape[1] != K:
-        raise ValueError(f"small_m_matmul_q4_1 takes x [M, {K}] for w [{K}, {N}], got x {x.shape}")
+        raise ValueError(f"{name} takes x [M, {K}] for w {[N, K] if transposed else [K, N]}, got x {x.shape}")
     if x.dtype != jnp.float32:
-        raise ValueError(f"small_m_matmul_q4_1 takes float32 x, got {x.dtype}")
-    call = jax.ffi.ffi_call(build.Q4_1_TARGET, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32),
-                            vmap_method="sequential")
-    return call(x, w.nibbles, w.scale, w.minimum, parts=np.int64(parts or cores()))
+        raise ValueError(f"{name} takes float32 x, got {x.dtype}")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], N), jnp.float32), vmap_method="sequential")
+    return call(x, *w, parts=np.int64(parts or cores()))
 
 
 def _built() -> str:
@@ -205,6 +272,11 @@ def _built() -> str:
     if target is None:
         raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
     return target
+
+
+def _turned_off() -> bool:
+    """SPECJAX_SMALL_M_MATMUL=0: every product takes XLA's dot (quantized blocks: their jnp reference)."""
+    return os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0"
 
 
 def cores() -> int:
@@ -229,15 +301,19 @@ def _kernel_backward(transposed, residuals, g):
 _differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
 
 
-def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q8_0Matrix, transposed: bool = False) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q4_1Int8Matrix | Q8_0Matrix | Q8_0Int8Matrix,
+           transposed: bool = False) -> jax.Array:
     """x [..., K] @ w [K, N] (transposed: w [N, K]) -> [..., N]: the kernel on CPU where `applies`, else XLA's dot.
     With an accelerator as the default backend nothing is built and XLA's dot is traced; a CPU program lowered
     for another platform lowers XLA's dot there (lax.platform_dependent). w may be a Q4_1Matrix (nn) or a Q8_0Matrix
-    (transposed); XLA's dot takes them dequantized."""
+    (transposed); XLA's dot takes them dequantized. A Q4_1Int8Matrix (nn) or Q8_0Int8Matrix (transposed) is its
+    own product at every row count (the kernel, else its reference)."""
     if isinstance(w, Q4_1Matrix) and transposed:
         raise ValueError("a Q4_1Matrix is w [K, N]; transposed products take a float32 w")
     if isinstance(w, Q8_0Matrix) and not transposed:
         raise ValueError("a Q8_0Matrix is w [N, K], read transposed (matmul(x, w, transposed=True))")
+    if isinstance(w, (Q4_1Int8Matrix, Q8_0Int8Matrix)):
+        return _int8_product(x, w, transposed)
     quantized = isinstance(w, (Q4_1Matrix, Q8_0Matrix))
     reference = lambda x, w: small_m_matmul_reference(x, w.dequantize() if quantized else w, transposed)
     if (jax.default_backend() != "cpu" or x.dtype != w.dtype
@@ -248,3 +324,21 @@ def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q8_0Matrix, transposed: boo
     lead = x.shape[:-1]
     kernel = lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
     return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
+
+
+def _int8_product(x: jax.Array, w: Q4_1Int8Matrix | Q8_0Int8Matrix, transposed: bool) -> jax.Array:
+    """matmul for blocks times 8-bit activations: the kernel at any row count where it is built, else the jnp
+    reference (the same arithmetic up to float rounding)."""
+    if transposed != isinstance(w, Q8_0Int8Matrix):
+        kind = "[N, K], read transposed" if isinstance(w, Q8_0Int8Matrix) else "[K, N]"
+        raise ValueError(f"a {type(w).__name__} is w {kind}; got transposed={transposed}")
+    if x.dtype != jnp.float32:
+        raise ValueError(f"a {type(w).__name__} takes float32 x, got {x.dtype}")
+    kernel, same_arithmetic = ((small_m_matmul_q8_0_int8, q8_0_int8_reference) if transposed
+                               else (small_m_matmul_q4_1_int8, q4_1_int8_reference))
+    lead = x.shape[:-1]
+    flat = lambda product: lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
+    reference = flat(lambda x, w: same_arithmetic(x, *w))
+    if jax.default_backend() != "cpu" or _turned_off() or build.load() is None:
+        return reference(x, w)
+    return jax.lax.platform_dependent(x, w, cpu=flat(kernel), default=reference)

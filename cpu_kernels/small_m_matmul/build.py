@@ -22,8 +22,10 @@ import jaxlib
 TARGET = "specjax_small_m_matmul"
 Q4_1_TARGET = "specjax_small_m_matmul_q4_1"
 Q8_0_TARGET = "specjax_small_m_matmul_q8_0"
+Q4_1_INT8_TARGET = "specjax_small_m_matmul_q4_1_int8"
+Q8_0_INT8_TARGET = "specjax_small_m_matmul_q8_0_int8"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,8 @@ def build(cxx: str, out: str) -> None:
 
 @functools.cache
 def load() -> str | None:
-    """Build (once per machine) and register the kernels (float32, Q4_1 and Q8_0 weights); the float32 one's FFI target
+    """Build (once per machine) and register the kernels (float32, Q4_1, Q8_0, and Q4_1 and Q8_0 times
+    8-bit activations); the float32 one's FFI target
     name, or None where they cannot be built."""
     cxx = compiler()
     if cxx is None:
@@ -93,4 +96,8 @@ def load() -> str | None:
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmul), platform="cpu")
     jax.ffi.register_ffi_target(Q4_1_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ41), platform="cpu")
     jax.ffi.register_ffi_target(Q8_0_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ80), platform="cpu")
+    jax.ffi.register_ffi_target(Q4_1_INT8_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ41Int8),
+                                platform="cpu")
+    jax.ffi.register_ffi_target(Q8_0_INT8_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ80Int8),
+                                platform="cpu")
     return TARGET

@@ -7,10 +7,12 @@
 // chain of fused multiply-adds over k in 16 lanes, then a fixed pairwise sum; nn: two chains over k, rows [0, K/2)
 // and [K/2, K) of w, then their sum): a row is bit-identical whichever rows share its call.
 // w may also be llama.cpp's quantized blocks (nn: Q4_1, nt: Q8_0), dequantized in registers or cache into exactly
-// the float32 values and summed in the same order: bit-identical to the float32 product over those values.
+// the float32 values and summed in the same order: bit-identical to the float32 product over those values. Or the
+// same blocks times 8-bit activations with integer dot products (llama.cpp's arithmetic, a different product; below).
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -18,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 
@@ -47,6 +49,37 @@ typedef float vec_u __attribute__((vector_size(kLanes * sizeof(float)), aligned(
 
 inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 inline void store(float* p, vec v) { *reinterpret_cast<vec_u*>(p) = v; }
+
+// Every fused multiply-add of the kernel is this explicit one (a * b + c, rounded once), and the library is built
+// with -ffp-contract=off: left to the compiler, whether a product was fused into its sum differed between
+// instances of one template on AVX2 (and with it a row's bits between calls of different M).
+template <class V>
+inline V fmadd(V a, V b, V c) {
+  constexpr int n = sizeof(V) / sizeof(float);
+#if defined(__AVX512F__)
+  if constexpr (n == 16) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#endif
+#if defined(__FMA__)
+  if constexpr (n == 8) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#endif
+  V r;
+  for (int i = 0; i < n; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+}
+
+template <class V>
+inline V splat(float s) {                      // s in every lane (a lane loop compiles to 16 masked broadcasts)
+  constexpr int n = sizeof(V) / sizeof(float);
+#if defined(__AVX512F__)
+  if constexpr (n == 16) return (V)_mm512_set1_ps(s);
+#endif
+#if defined(__FMA__)
+  if constexpr (n == 8) return (V)_mm256_set1_ps(s);
+#endif
+  V r;
+  for (int i = 0; i < n; ++i) r[i] = s;
+  return r;
+}
 
 // A block holds MB rows x NV vectors of accumulators, at most kMaxAccumulators.
 // "nn" (w [K, N]), more rows than row-major takes (below): a strip is 4 vectors (64 columns with AVX-512) of up to
@@ -82,7 +115,7 @@ void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, in
     for (int j = 0; j < NV; ++j) wv[j] = load(wp + j * kLanes);
     for (int m = 0; m < MB; ++m) {
       const float xs = x[m * K + k];
-      for (int j = 0; j < NV; ++j) acc[m][j] += xs * wv[j];
+      for (int j = 0; j < NV; ++j) acc[m][j] = fmadd(splat<vec>(xs), wv[j], acc[m][j]);
     }
   }
   for (int m = 0; m < MB; ++m)
@@ -164,7 +197,7 @@ void nn_rows(const float* x, int64_t K, const float* w, int64_t N, float* y, int
       }
       for (int m = 0; m < MB; ++m) {
         vec a = load(y + m * N + c);
-        for (int r = 0; r < 4; ++r) a += xs[m][r] * wv[r];
+        for (int r = 0; r < 4; ++r) a = fmadd(splat<vec>(xs[m][r]), wv[r], a);
         store(y + m * N + c, a);
       }
     }
@@ -175,7 +208,7 @@ void nn_rows(const float* x, int64_t K, const float* w, int64_t N, float* y, int
       const vec wv = load(wk + c);
       for (int m = 0; m < MB; ++m) {
         vec a = load(y + m * N + c);
-        a += x[m * K + k] * wv;
+        a = fmadd(splat<vec>(x[m * K + k]), wv, a);
         store(y + m * N + c, a);
       }
     }
@@ -306,7 +339,7 @@ void nt_block(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int
     }
     for (int m = 0; m < MB; ++m) {
       const vec xv = load(x + m * K + k);
-      for (int c = 0; c < NC; ++c) acc[m][c] += xv * wv[c];
+      for (int c = 0; c < NC; ++c) acc[m][c] = fmadd(xv, wv[c], acc[m][c]);
     }
   }
   for (int m = 0; m < MB; ++m)
@@ -506,8 +539,8 @@ void nn_rows_q41(const float* x, int64_t K, const uint8_t* nibbles, const float*
       }
       for (int m = 0; m < MB; ++m) {
         vec a = load(y + m * ys + c), b = load(y + m * ys + c + 16);
-        for (int r = 0; r < 4; ++r) a += xs[m][r] * lo[r];
-        for (int r = 0; r < 4; ++r) b += xs[m][r] * hi[r];
+        for (int r = 0; r < 4; ++r) a = fmadd(splat<vec>(xs[m][r]), lo[r], a);
+        for (int r = 0; r < 4; ++r) b = fmadd(splat<vec>(xs[m][r]), hi[r], b);
         store(y + m * ys + c, a);
         store(y + m * ys + c + 16, b);
       }
@@ -570,6 +603,189 @@ ffi::Error SmallMMatmulQ41(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   return ffi::Error::Success();
 }
 
+// Q4_1 weights times 8-bit activations: llama.cpp's own arithmetic for Q4_1 (its vec_dot_q4_1_q8_1), not the float32
+// product above. Each row of x is quantized per block of 32 k (d = max |x| / 127, q = x / d rounded half to even,
+// s = d * sum q), and y[m, n] = sum over blocks b, ascending, of (scale[b, n] * d[m, b]) * I[m, b, n] + minimum[b, n]
+// * s[m, b], with I the block's exact integer dot product of w's quants with x's. The integer part needs no
+// dequantization and a quarter of the float32 path's instructions per weight and row (VNNI: one per 64 products;
+// the block's float terms add half as many again), so at 5-9 rows it takes about half the float32 sums' time. Every
+// row is computed alone (integer sums are exact, the float chain is fixed): bit-identical whatever M and split.
+// w packed by 16-column panels: packed [N / 16, K / 8, 64]; byte 4 n + j of octet o of panel p holds
+// q[8 o + j, 16 p + n] in its low four bits and q[8 o + 4 + j, 16 p + n] in its high four: a 64-byte load is the
+// panel's 8 k, and its low and high nibbles are each 16 lanes of 4 consecutive k, what one dot product takes.
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16_u __attribute__((vector_size(64), aligned(1)));
+constexpr int kInt8RowBlock = 9;                  // rows whose sums stay in registers together
+
+// acc + the 16 lanes' dot products of 4 unsigned bytes of w with the 4 signed bytes of x4 (VNNI's vpdpbusd).
+inline i32x16 dot4(i32x16 acc, u32x16 w, int32_t x4) {
+#if defined(__AVX512VNNI__)
+  return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, _mm512_set1_epi32(x4));
+#else
+  for (int j = 0; j < 4; ++j)
+    acc += (i32x16)((w >> (8 * j)) & 0xFF) * static_cast<int32_t>(static_cast<int8_t>(x4 >> (8 * j)));
+  return acc;
+#endif
+}
+
+// w's 16-column panels as the int8 blocks read them: per block b of 32 k and octet o of it, two vectors of 16
+// lanes x 4 unsigned bytes (k = 8 o .. 8 o + 3 and 8 o + 4 .. 8 o + 7 of the block), and the block's float terms.
+// Q4_1 (nn): the nibbles above; y += (scale * d) * I + minimum * s.
+struct Q41Panels {
+  const uint8_t* packed;
+  const float* scale;
+  const float* minimum;
+  int64_t K, N;
+  struct Terms { f32x16 d, m; };
+  void octet(int64_t p, int64_t b, int o, u32x16& a, u32x16& c) const {
+    const u32x16 w = *reinterpret_cast<const u32x16_u*>(packed + (p * (K / 8) + b * 4 + o) * 64);
+    a = w & 0x0F0F0F0F;
+    c = (w >> 4) & 0x0F0F0F0F;
+  }
+  Terms terms(int64_t p, int64_t b) const { return {load16(scale + b * N + p * 16), load16(minimum + b * N + p * 16)}; }
+  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, float s, int32_t) {
+    acc = fmadd(t.d * d, __builtin_convertvector(dots, f32x16), acc);
+    return fmadd(t.m, splat<f32x16>(s), acc);
+  }
+};
+
+// Q8_0 (nt, a tied LM head w [N, K]: panel p is w's rows 16 p .. 16 p + 15): packed [N / 16, K / 4, 64], byte 4 n + j
+// of quad r = w[16 p + n, 4 r + j] + 128 (unsigned, as the dot product takes it; the 128 * sum q it adds is taken
+// off exactly); y += (scale * d) * (I - 128 * sum q).
+struct Q80Panels {
+  const uint8_t* packed;
+  const float* scale;                              // [K / 32, N]
+  int64_t K, N;
+  struct Terms { f32x16 d; };
+  void octet(int64_t p, int64_t b, int o, u32x16& a, u32x16& c) const {
+    const uint8_t* q = packed + (p * (K / 4) + b * 8 + 2 * o) * 64;
+    a = *reinterpret_cast<const u32x16_u*>(q);
+    c = *reinterpret_cast<const u32x16_u*>(q + 64);
+  }
+  Terms terms(int64_t p, int64_t b) const { return {load16(scale + b * N + p * 16)}; }
+  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, float, int32_t sum) {
+    return fmadd(t.d * d, __builtin_convertvector(dots - 128 * sum, f32x16), acc);
+  }
+};
+
+// x's rows as 8-bit blocks (quantize_rows_q8): q [M, K], d, s and the integer sums [M, K / 32].
+struct Q8Rows8 {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  const int32_t* sum;
+};
+
+// Rows [0, MB) of y over panel p.
+template <int MB, class W>
+void int8_block(const Q8Rows8& x, int64_t K, const W& w, int64_t N, float* y, int64_t p) {
+  const int64_t blocks = K / kQ41Block;
+  f32x16 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = f32x16{};
+  for (int64_t b = 0; b < blocks; ++b) {
+    i32x16 sums[MB];
+    for (int m = 0; m < MB; ++m) sums[m] = i32x16{};
+    for (int o = 0; o < 4; ++o) {
+      u32x16 lo, hi;
+      w.octet(p, b, o, lo, hi);
+      for (int m = 0; m < MB; ++m) {
+        int32_t x0, x1;
+        std::memcpy(&x0, x.q + m * K + b * kQ41Block + o * 8, 4);
+        std::memcpy(&x1, x.q + m * K + b * kQ41Block + o * 8 + 4, 4);
+        sums[m] = dot4(dot4(sums[m], lo, x0), hi, x1);
+      }
+    }
+    const typename W::Terms t = w.terms(p, b);
+    for (int m = 0; m < MB; ++m)
+      acc[m] = W::add(acc[m], t, sums[m], x.d[m * blocks + b], x.s[m * blocks + b], x.sum[m * blocks + b]);
+  }
+  for (int m = 0; m < MB; ++m) store16(y + m * N + p * 16, acc[m]);
+}
+
+template <class W>
+using Int8Fn = void (*)(const Q8Rows8&, int64_t, const W&, int64_t, float*, int64_t);
+template <class W, int... MB>
+constexpr std::array<Int8Fn<W>, sizeof...(MB)> int8_table(std::integer_sequence<int, MB...>) {
+  return {&int8_block<MB + 1, W>...};
+}
+template <class W>
+const auto kInt8 = int8_table<W>(std::make_integer_sequence<int, kInt8RowBlock>{});   // [rows - 1]
+
+// x's rows as 8-bit blocks: q [M, K], d and s [M, K / 32] (see above). Ties round to even (nearbyint in the
+// default rounding mode), as jnp.round does.
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int32_t* sums) {
+  for (int64_t i = 0; i < M * (K / kQ41Block); ++i) {
+    const float* xb = x + i * kQ41Block;
+    float amax = 0.f;
+    for (int j = 0; j < kQ41Block; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.f, inverse = scale != 0.f ? 1.f / scale : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQ41Block; ++j) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));
+      q[i * kQ41Block + j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[i] = scale;
+    s[i] = scale * static_cast<float>(sum);
+    sums[i] = sum;
+  }
+}
+
+// y [M, N] = x [M, K] times w's panels: x's rows quantized once by the caller, the panels cut into `parts` ranges;
+// each range runs every row block over a stretch of panels small enough to stay in L1 for the next row block.
+template <class W>
+void int8_product(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W& w, int64_t N, float* y,
+                  int64_t parts, int64_t panel_bytes) {
+  const int64_t blocks = K / kQ41Block;
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xds;             // d then s, [2, M, blocks]
+  thread_local std::vector<int32_t> xsum;
+  if (xq.size() < static_cast<size_t>(M * K)) xq.resize(M * K);
+  if (xds.size() < static_cast<size_t>(2 * M * blocks)) xds.resize(2 * M * blocks);
+  if (xsum.size() < static_cast<size_t>(M * blocks)) xsum.resize(M * blocks);
+  quantize_rows_q8(x, M, K, xq.data(), xds.data(), xds.data() + M * blocks, xsum.data());
+  const Q8Rows8 rows{xq.data(), xds.data(), xds.data() + M * blocks, xsum.data()};
+  const int64_t panels = N / 16, ranges = std::max<int64_t>(1, std::min<int64_t>(parts, panels));
+  const int64_t stretch = std::max<int64_t>(1, 16384 / panel_bytes);
+  run_parts(pool, parts, static_cast<int>(ranges), [=, &w](int r) {
+    const int64_t p0 = panels * r / ranges, p1 = panels * (r + 1) / ranges;
+    for (int64_t s0 = p0; s0 < p1; s0 += stretch)
+      for (int64_t m0 = 0; m0 < M; m0 += kInt8RowBlock) {
+        const int mb = static_cast<int>(std::min<int64_t>(kInt8RowBlock, M - m0));
+        const Q8Rows8 block{rows.q + m0 * K, rows.d + m0 * blocks, rows.s + m0 * blocks, rows.sum + m0 * blocks};
+        for (int64_t p = s0; p < std::min(p1, s0 + stretch); ++p) kInt8<W>[mb - 1](block, K, w, N, y + m0 * N, p);
+      }
+  });
+}
+
+ffi::Error SmallMMatmulQ41Int8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> packed,
+                               ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> minimum,
+                               ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
+  const auto xd = x.dimensions(), pd = packed.dimensions(), sd = scale.dimensions(), md = minimum.dimensions();
+  if (xd.size() != 2 || pd.size() != 3 || sd.size() != 2 || md.size() != 2)
+    return ffi::Error::InvalidArgument("small_m_matmul_q4_1_int8: x, scale, minimum 2-D and packed 3-D");
+  const int64_t M = xd[0], K = xd[1], N = pd[0] * 16;
+  if (pd[1] != K / 8 || pd[2] != 64 || K % kQ41Block != 0 || sd[0] != K / kQ41Block || sd[1] != N ||
+      md[0] != sd[0] || md[1] != N)
+    return ffi::Error::InvalidArgument("small_m_matmul_q4_1_int8: shapes do not form packed Q4_1 blocks of x's K");
+  const Q41Panels w{packed.typed_data(), scale.typed_data(), minimum.typed_data(), K, N};
+  int8_product(pool, x.typed_data(), M, K, w, N, y->typed_data(), parts, K * 8);
+  return ffi::Error::Success();
+}
+
+ffi::Error SmallMMatmulQ80Int8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> packed,
+                               ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
+  const auto xd = x.dimensions(), pd = packed.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || pd.size() != 3 || sd.size() != 2)
+    return ffi::Error::InvalidArgument("small_m_matmul_q8_0_int8: x and scale 2-D, packed 3-D");
+  const int64_t M = xd[0], K = xd[1], N = pd[0] * 16;
+  if (pd[1] != K / 4 || pd[2] != 64 || K % kQ41Block != 0 || sd[0] != K / kQ41Block || sd[1] != N)
+    return ffi::Error::InvalidArgument("small_m_matmul_q8_0_int8: shapes do not form packed Q8_0 blocks of x's K");
+  const Q80Panels w{packed.typed_data(), scale.typed_data(), K, N};
+  int8_product(pool, x.typed_data(), M, K, w, N, y->typed_data(), parts, K * 16);
+  return ffi::Error::Success();
+}
+
 // nt over Q8_0 rows: y [M, N] = x [M, K] @ w.T, w [N, K] = scale [N, K / 32] * q [N, K] (int8).
 ffi::Error SmallMMatmulQ80(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
                            ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
@@ -614,6 +830,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ80, SmallMMatmulQ80,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("parts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ41Int8, SmallMMatmulQ41Int8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("parts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ80Int8, SmallMMatmulQ80Int8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("parts"));

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
-from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
+from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix
 from specjax.models.gguf_io import convert_gguf, gguf_blocks
 from specjax.models.hf_io import load_chat_template, load_pretrained, save_pretrained
 from specjax.models.llama import full_logits
@@ -69,7 +69,7 @@ def _directory(found: str) -> str:
     return convert_gguf(found, checkpoints.cache_dir()) if os.path.isfile(found) else found
 
 
-WEIGHT_FORMATS = ("float32", "gguf")
+WEIGHT_FORMATS = ("float32", "gguf", "gguf_int8")
 
 
 def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None,
@@ -85,16 +85,24 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     tied embedding also serves as the LM head in its blocks (1.125 bytes; the float32 embedding stays for lookups).
     The CPU kernel reads them. The model computes exactly what the float32 one does (the blocks hold the same
     values, checked at load, and the kernel sums them in the float32 kernel's order); on a CPU a decode step reads
-    a third of the bytes. Inference only (no gradient through the blocks), float32, no mesh."""
+    a third of the bytes. Inference only (no gradient through the blocks), float32, no mesh.
+    "gguf_int8": the same blocks in llama.cpp's own arithmetic for them (each row of a layer's input quantized to
+    8 bits per block of 32, integer dot products; a Q8_0 LM head the same way): about a quarter of the float32 work per
+    weight, so a verify pass of several positions costs less, but NOT the float32 model's function (lossy against
+    it, as llama.cpp is; experiments.weight_format_shift measures how far). Nor is speculative decoding on it
+    token-identical to its plain decoding: its matrix products give each row alone, but the rest of the forward
+    (attention, norms) differs at float32 rounding between a one-position step and a verify pass, and quantizing
+    a layer's input to 8 bits can turn such a difference into a different token. A lossy, labeled mode."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: one of {WEIGHT_FORMATS}")
     found = checkpoints.resolve(path_or_name, "model")
-    if weight_format == "gguf":
+    if weight_format != "float32":
         if not os.path.isfile(found):
-            raise ValueError(f"weight_format='gguf' needs a GGUF model; {os.fspath(path_or_name)!r} is an HF "
-                             f"directory")
+            raise ValueError(f"weight_format={weight_format!r} needs a GGUF model; {os.fspath(path_or_name)!r} is an "
+                             f"HF directory")
         if jnp.dtype(dtype) != jnp.float32 or mesh is not None:
-            raise ValueError("weight_format='gguf' loads float32 weights on one device (no dtype, no mesh)")
+            raise ValueError(f"weight_format={weight_format!r} loads float32 weights on one device (no dtype, no "
+                             f"mesh)")
     path = _directory(found)
     name = os.path.basename(os.path.normpath(found))
     if os.path.isfile(found):                                  # a GGUF file: named as asked, or by its stem
@@ -104,15 +112,15 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
         raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
                          f"generate(..., SpecConfig(method={kind!r}), drafter={os.fspath(path_or_name)!r})")
     params, cfg, tokenizer = load_pretrained(path, dtype=dtype, mesh=mesh)
-    if weight_format == "gguf":
-        params = _with_gguf_blocks(params, cfg, found)
+    if weight_format != "float32":
+        params = _with_gguf_blocks(params, cfg, found, int8=weight_format == "gguf_int8")
     return Model(cfg, params, tokenizer, name, load_chat_template(path))
 
 
-def _with_gguf_blocks(params: dict, cfg: ModelConfig, found: str) -> dict:
+def _with_gguf_blocks(params: dict, cfg: ModelConfig, found: str, int8: bool = False) -> dict:
     """params with every decoder-layer matrix replaced by the file's Q4_1 blocks (q/k/v and gate/up fused into
-    wqkv and w_gate_up, specjax.models.llama) and, for a Q8_0 tied embedding, "embed_blocks" for the LM head; each
-    checked to hold exactly the float32 values loaded."""
+    wqkv and w_gate_up, specjax.models.llama; int8: packed for 8-bit activations, Q4_1Int8Matrix) and, for a Q8_0
+    tied embedding, "embed_blocks" for the LM head; each checked to hold exactly the float32 values loaded."""
     layer_blocks, embed_blocks = gguf_blocks(found, cfg)
 
     def same(w, dense, what):
@@ -126,10 +134,16 @@ def _with_gguf_blocks(params: dict, cfg: ModelConfig, found: str) -> dict:
         fused = {"wqkv": Q4_1Matrix.concatenate([bl["wq"], bl["wk"], bl["wv"]]),
                  "w_gate_up": Q4_1Matrix.concatenate([bl["w_gate"], bl["w_up"]]), "wo": bl["wo"],
                  "w_down": bl["w_down"]}
+        if int8:
+            fused = {k: Q4_1Int8Matrix.from_q4_1(w) for k, w in fused.items()}
         norms = {k: v for k, v in lp.items() if k not in bl}
         layers.append({**norms, **{k: type(w)(*map(jnp.asarray, w)) for k, w in fused.items()}})
     out = {**params, "layers": layers}
     if embed_blocks is not None and "lm_head" not in params:
         same(embed_blocks, params["embed"], "token_embd")
-        out["embed_blocks"] = Q8_0Matrix(*map(jnp.asarray, embed_blocks))
+        head = embed_blocks
+        if int8:                     # rows padded to whole 16-row panels (zero logits, cut off by lm_head)
+            pad = ((0, -embed_blocks.shape[0] % 16), (0, 0))
+            head = Q8_0Int8Matrix.from_q8_0(Q8_0Matrix(*(np.pad(np.asarray(a), pad) for a in embed_blocks)))
+        out["embed_blocks"] = type(head)(*map(jnp.asarray, head))
     return out
