@@ -46,18 +46,20 @@ def log_probs(model: specjax.Model, ids: list[int]) -> np.ndarray:
     return logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
 
 
-def compare(reference: specjax.Model, other: specjax.Model, prompts: list) -> dict:
-    config = specjax.SpecConfig(max_new_tokens=FLAGS.max_new_tokens, stop_at_eos=False)
+def compare(reference: specjax.Model, other: specjax.Model, prompts: list, max_new_tokens: int,
+            spec_method: str = "") -> dict:
+    """One prompt set's row (the module docstring); spec_method "method:k" or ""."""
+    config = specjax.SpecConfig(max_new_tokens=max_new_tokens, stop_at_eos=False)
     ids = encode_all(reference, prompts, "prompts")
     ref_out = specjax.generate(reference, ids, config).tokens
     other_out = specjax.generate(other, ids, config).tokens
     spec = {}
-    if FLAGS.spec_method:
-        method, k = FLAGS.spec_method.split(":")
+    if spec_method:
+        method, k = spec_method.split(":")
         spec_out = specjax.generate(other, ids, dataclasses.replace(config, method=method,
                                                                      num_speculative_tokens=int(k))).tokens
         spec_firsts = [first_difference(a, b) for a, b in zip(other_out, spec_out)]
-        spec = dict(spec_method=FLAGS.spec_method, spec_identical_rows=spec_firsts.count(None),
+        spec = dict(spec_method=spec_method, spec_identical_rows=spec_firsts.count(None),
                     spec_first_difference_mean=mean_or_none([f for f in spec_firsts if f is not None]))
     agree, kl, nll_ref, nll_other, firsts = [], [], [], [], []
     for prompt, cont, mine in zip(ids, ref_out, other_out):
@@ -89,7 +91,8 @@ def main(_):
     for pset in FLAGS.prompt_sets:
         rows.append(dict(target=FLAGS.target, weight_format=FLAGS.weight_format, prompt_set=pset,
                          max_new_tokens=FLAGS.max_new_tokens,
-                         **compare(reference, other, load_prompt_set(pset, FLAGS.num_prompts, reference.tokenizer))))
+                         **compare(reference, other, load_prompt_set(pset, FLAGS.num_prompts, reference.tokenizer),
+                                   FLAGS.max_new_tokens, FLAGS.spec_method)))
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     show = lambda v: f"{v:.4g}" if isinstance(v, float) else v
     print(text_table(list(rows[0]), [[show(v) for v in r.values()] for r in rows]))

@@ -382,6 +382,26 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(toy, tmp_path,
         int8.save_pretrained(tmp_path / "out")
 
 
+def test_weight_format_shift_reads_zero_for_the_exact_format_and_more_for_int8(toy, tmp_path, monkeypatch):
+    """experiments.weight_format_shift's measurement: nothing for the GGUF blocks (the float32 model's own values and
+    sums), a shift for the 8-bit-activation format."""
+    from cpu_kernels.small_m_matmul import build
+    from experiments.weight_format_shift import compare
+    if build.load() is None:
+        pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy-q4_1.gguf"
+    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    dense = load_model(path)
+    prompts = [RNG.integers(3, CFG.vocab_size, 12).tolist(), RNG.integers(3, CFG.vocab_size, 7).tolist()]
+    same = compare(dense, load_model(path, weight_format="gguf"), prompts, 12, "ngram:3")
+    # (the teacher-forced logits of 20-odd rows: float32's head takes XLA's GEMM there, the blocks the kernel)
+    assert same["top1_agreement"] == 1.0 and same["kl_mean"] < 1e-9 and same["identical_rows"] == 2
+    assert same["spec_identical_rows"] == 2 and abs(same["nll_float32"] - same["nll_format"]) < 1e-5
+    shifted = compare(dense, load_model(path, weight_format="gguf_int8"), prompts, 12)
+    assert shifted["kl_mean"] > 1e3 * max(same["kl_mean"], 1e-12) and "spec_method" not in shifted
+
+
 def test_gguf_blocks_refuse_what_they_cannot_keep(toy, tmp_path, monkeypatch):
     import specjax
     from specjax.sharding import make_mesh
