@@ -318,15 +318,22 @@ def test_a_gguf_loaded_model_saves_a_directory_transformers_loads(toy, tmp_path,
     np.testing.assert_allclose(np.asarray(model.logits([ids]))[0], want, atol=1e-4)
 
 
-def test_gguf_blocks_compute_exactly_the_float32_model(toy, tmp_path, monkeypatch):
+@pytest.fixture
+def q4_1_gguf(toy, tmp_path, monkeypatch):
+    """The toy as SmolLM2's file has it: Q4_1 layer matrices, a Q8_0 embedding (converted into a cache of its own)."""
+    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    path = tmp_path / "toy-q4_1.gguf"
+    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    return path
+
+
+def test_gguf_blocks_compute_exactly_the_float32_model(q4_1_gguf):
     """load_model(..., weight_format="gguf"): the layer matrices stay the file's Q4_1 blocks and the Q8_0 embedding
     serves as the LM head in its blocks (a third of the bytes), and the model's logits, and its greedy tokens plain
     and speculative, are the float32 model's bit for bit."""
     import specjax
     from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix, build
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
-    path = tmp_path / "toy-q4_1.gguf"
-    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    path = q4_1_gguf
     dense = load_model(path)
     blocks = load_model(path, weight_format="gguf")
     assert isinstance(blocks.params["layers"][1]["w_down"], Q4_1Matrix)
@@ -351,7 +358,7 @@ def test_gguf_blocks_compute_exactly_the_float32_model(toy, tmp_path, monkeypatc
         assert specjax.generate(blocks, prompts, cfg).tokens == plain, (method, opts)
 
 
-def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(toy, tmp_path, monkeypatch):
+def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(q4_1_gguf, tmp_path):
     """load_model(..., weight_format="gguf_int8"): the same blocks in llama.cpp's arithmetic (8-bit activations,
     integer dots), a lossy model near the float32 one; it decodes plain and speculatively (its speculative tokens
     are NOT promised equal to its plain ones: the rest of the forward differs at float32 rounding between a
@@ -360,9 +367,7 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(toy, tmp_path,
     from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q8_0Int8Matrix, build
     if build.load() is None:
         pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
-    path = tmp_path / "toy-q4_1.gguf"
-    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    path = q4_1_gguf
     dense = load_model(path)
     int8 = load_model(path, weight_format="gguf_int8")
     assert isinstance(int8.params["layers"][0]["wqkv"], Q4_1Int8Matrix)
@@ -382,16 +387,14 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(toy, tmp_path,
         int8.save_pretrained(tmp_path / "out")
 
 
-def test_weight_format_shift_reads_zero_for_the_exact_format_and_more_for_int8(toy, tmp_path, monkeypatch):
+def test_weight_format_shift_reads_zero_for_the_exact_format_and_more_for_int8(q4_1_gguf):
     """experiments.weight_format_shift's measurement: nothing for the GGUF blocks (the float32 model's own values and
     sums), a shift for the 8-bit-activation format."""
     from cpu_kernels.small_m_matmul import build
     from experiments.weight_format_shift import compare
     if build.load() is None:
         pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
-    path = tmp_path / "toy-q4_1.gguf"
-    write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
+    path = q4_1_gguf
     dense = load_model(path)
     prompts = [RNG.integers(3, CFG.vocab_size, 12).tolist(), RNG.integers(3, CFG.vocab_size, 7).tolist()]
     same = compare(dense, load_model(path, weight_format="gguf"), prompts, 12, "ngram:3")
