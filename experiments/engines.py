@@ -339,4 +339,5 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 __all__ = ["ENGINES", "Engine", "Generation", "METHODS", "Method", "RANDOM_SHAPES", "SpecjaxEngine",
-           "SpecjaxGgufEngine", "SpecjaxGgufInt8Engine", "TransformersEngine", "VllmEngine", "build_random_target", "first_difference", "top2"]
+           "SpecjaxGgufEngine", "SpecjaxGgufInt8Engine", "TransformersEngine", "VllmEngine", "build_random_target",
+           "first_difference", "top2"]

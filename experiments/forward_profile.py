@@ -98,6 +98,7 @@ def main(argv):
                 print(f"{name}: not a GGUF model, measured with float32 layers only")
                 continue
             models[weights] = specjax.load_model(name, weight_format=weights)
+        weight_bytes = {w: sum(x.nbytes for x in jax.tree_util.tree_leaves(m.params)) for w, m in models.items()}
         cells = list(itertools.product(positions, models, FLAGS.matmul))
         seconds = {}                 # the fastest of --rounds sweeps (a sweep is every cell once, in turn)
         for _ in range(FLAGS.rounds):
@@ -109,15 +110,14 @@ def main(argv):
             model, sec = models[weights], seconds[T, weights, path]
             one = seconds[positions[0], weights, path]
             label = name if weights == "float32" else f"{name} ({weights})"
-            weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
             row = dict(target=name, weight_format=weights, matmul=path, batch=FLAGS.batch, context=FLAGS.context,
-                       positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes / sec / 1e9)
+                       positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes[weights] / sec / 1e9)
             if FLAGS.breakdown:
                 with matmul_path(path):
                     kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
                 matmul_ms = sum(ms for k, (ms, _) in kinds.items() if k in MATMUL_KINDS)
                 row.update(thread_ms=sum(ms for ms, _ in kinds.values()), matmul_thread_ms=matmul_ms,
-                           matmul_GB_s=weight_bytes / (matmul_ms / 1e3) / 1e9 if matmul_ms else None,
+                           matmul_GB_s=weight_bytes[weights] / (matmul_ms / 1e3) / 1e9 if matmul_ms else None,
                            ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
                                 for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
                 top = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]

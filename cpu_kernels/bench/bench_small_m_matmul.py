@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}"
-          "   (q4_1: the second is the float32 kernel)")
+          "   (q4_1: the second is the float32 kernel; q4_1_int8: the exact Q4_1 kernel)")
     for spec in a.shapes.split(","):
         form, dims = spec.split(":")
         A, B = (int(d) for d in dims.split("x"))

@@ -643,9 +643,9 @@ struct Q41Panels {
     c = (w >> 4) & 0x0F0F0F0F;
   }
   Terms terms(int64_t p, int64_t b) const { return {load16(scale + b * N + p * 16), load16(minimum + b * N + p * 16)}; }
-  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, float s, int32_t) {
+  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, int32_t sum) {
     acc = fmadd(t.d * d, __builtin_convertvector(dots, f32x16), acc);
-    return fmadd(t.m, splat<f32x16>(s), acc);
+    return fmadd(t.m, splat<f32x16>(d * static_cast<float>(sum)), acc);      // s = d * sum q
   }
 };
 
@@ -663,16 +663,15 @@ struct Q80Panels {
     c = *reinterpret_cast<const u32x16_u*>(q + 64);
   }
   Terms terms(int64_t p, int64_t b) const { return {load16(scale + b * N + p * 16)}; }
-  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, float, int32_t sum) {
+  static f32x16 add(f32x16 acc, const Terms& t, i32x16 dots, float d, int32_t sum) {
     return fmadd(t.d * d, __builtin_convertvector(dots - 128 * sum, f32x16), acc);
   }
 };
 
-// x's rows as 8-bit blocks (quantize_rows_q8): q [M, K], d, s and the integer sums [M, K / 32].
+// x's rows as 8-bit blocks (quantize_rows_q8): q [M, K], d and the integer sums [M, K / 32].
 struct Q8Rows8 {
   const int8_t* q;
   const float* d;
-  const float* s;
   const int32_t* sum;
 };
 
@@ -697,7 +696,7 @@ void int8_block(const Q8Rows8& x, int64_t K, const W& w, int64_t N, float* y, in
     }
     const typename W::Terms t = w.terms(p, b);
     for (int m = 0; m < MB; ++m)
-      acc[m] = W::add(acc[m], t, sums[m], x.d[m * blocks + b], x.s[m * blocks + b], x.sum[m * blocks + b]);
+      acc[m] = W::add(acc[m], t, sums[m], x.d[m * blocks + b], x.sum[m * blocks + b]);
   }
   for (int m = 0; m < MB; ++m) store16(y + m * N + p * 16, acc[m]);
 }
@@ -711,9 +710,9 @@ constexpr std::array<Int8Fn<W>, sizeof...(MB)> int8_table(std::integer_sequence<
 template <class W>
 const auto kInt8 = int8_table<W>(std::make_integer_sequence<int, kInt8RowBlock>{});   // [rows - 1]
 
-// x's rows as 8-bit blocks: q [M, K], d and s [M, K / 32] (see above). Ties round to even (nearbyint in the
+// x's rows as 8-bit blocks: q [M, K], d and sum q [M, K / 32] (see above). Ties round to even (nearbyint in the
 // default rounding mode), as jnp.round does.
-void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s, int32_t* sums) {
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sums) {
   for (int64_t i = 0; i < M * (K / kQ41Block); ++i) {
     const float* xb = x + i * kQ41Block;
     float amax = 0.f;
@@ -726,7 +725,6 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
       sum += v;
     }
     d[i] = scale;
-    s[i] = scale * static_cast<float>(sum);
     sums[i] = sum;
   }
 }
@@ -738,13 +736,13 @@ void int8_product(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, c
                   int64_t parts, int64_t panel_bytes) {
   const int64_t blocks = K / kQ41Block;
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xds;             // d then s, [2, M, blocks]
+  thread_local std::vector<float> xd;
   thread_local std::vector<int32_t> xsum;
   if (xq.size() < static_cast<size_t>(M * K)) xq.resize(M * K);
-  if (xds.size() < static_cast<size_t>(2 * M * blocks)) xds.resize(2 * M * blocks);
+  if (xd.size() < static_cast<size_t>(M * blocks)) xd.resize(M * blocks);
   if (xsum.size() < static_cast<size_t>(M * blocks)) xsum.resize(M * blocks);
-  quantize_rows_q8(x, M, K, xq.data(), xds.data(), xds.data() + M * blocks, xsum.data());
-  const Q8Rows8 rows{xq.data(), xds.data(), xds.data() + M * blocks, xsum.data()};
+  quantize_rows_q8(x, M, K, xq.data(), xd.data(), xsum.data());
+  const Q8Rows8 rows{xq.data(), xd.data(), xsum.data()};
   const int64_t panels = N / 16, ranges = std::max<int64_t>(1, std::min<int64_t>(parts, panels));
   const int64_t stretch = std::max<int64_t>(1, 16384 / panel_bytes);
   run_parts(pool, parts, static_cast<int>(ranges), [=, &w](int r) {
@@ -752,7 +750,7 @@ void int8_product(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, c
     for (int64_t s0 = p0; s0 < p1; s0 += stretch)
       for (int64_t m0 = 0; m0 < M; m0 += kInt8RowBlock) {
         const int mb = static_cast<int>(std::min<int64_t>(kInt8RowBlock, M - m0));
-        const Q8Rows8 block{rows.q + m0 * K, rows.d + m0 * blocks, rows.s + m0 * blocks, rows.sum + m0 * blocks};
+        const Q8Rows8 block{rows.q + m0 * K, rows.d + m0 * blocks, rows.sum + m0 * blocks};
         for (int64_t p = s0; p < std::min(p1, s0 + stretch); ++p) kInt8<W>[mb - 1](block, K, w, N, y + m0 * N, p);
       }
   });
