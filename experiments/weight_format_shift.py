@@ -30,14 +30,6 @@ from experiments.tables import text_table, write_table
 from specjax.inputs import encode_all
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("target", "smollm2-135m", "a GGUF target (load_model(weight_format=) must take it)")
-flags.DEFINE_string("weight_format", "gguf_int8", "the format compared with float32 (load_model's weight_format)")
-flags.DEFINE_list("prompt_sets", ["sharegpt", "humaneval_chat", "grounded"], "prompt sets (experiments.prompts)")
-flags.DEFINE_integer("num_prompts", 16, "prompts per set")
-flags.DEFINE_integer("max_new_tokens", 128, "continuation length")
-flags.DEFINE_string("spec_method", "ngram:4", "method:k decoded speculatively on the format beside its plain "
-                    "decoding ('' to skip)")
-flags.DEFINE_string("out", "runs/weight_format_shift/shift", "path stem of the table (.csv, .json)")
 
 
 def log_probs(model: specjax.Model, ids: list[int]) -> np.ndarray:
@@ -99,5 +91,18 @@ def main(_):
     write_table(rows, FLAGS.out)
 
 
+def define_flags() -> None:
+    """Defined only when run as a program, so that tests can import this module beside other entry points."""
+    flags.DEFINE_string("target", "smollm2-135m", "a GGUF target (load_model(weight_format=) must take it)")
+    flags.DEFINE_string("weight_format", "gguf_int8", "the format compared with float32 (load_model's weight_format)")
+    flags.DEFINE_list("prompt_sets", ["sharegpt", "humaneval_chat", "grounded"], "prompt sets (experiments.prompts)")
+    flags.DEFINE_integer("num_prompts", 16, "prompts per set")
+    flags.DEFINE_integer("max_new_tokens", 128, "continuation length")
+    flags.DEFINE_string("spec_method", "ngram:4", "method:k decoded speculatively on the format beside its plain "
+                        "decoding ('' to skip)")
+    flags.DEFINE_string("out", "runs/weight_format_shift/shift", "path stem of the table (.csv, .json)")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

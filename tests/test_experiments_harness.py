@@ -88,3 +88,27 @@ def test_loop_profile_counts_loop_iterations_only(target, near_draft):
     spec = harness.loop_profile(target, ids, config, near_draft, calls=1)
     assert 1 <= spec["iterations"] <= 8 and spec["thread_ms"] > 0 and len(spec["ops"]) <= 8
     assert "thread ms per iteration" in harness.profile_line(spec)
+
+
+def test_experiment_modules_the_tests_import_load_together():
+    """pytest imports every experiment module a test names into one process: absl refuses a flag defined twice, so an
+    entry point that defines its flags at import (not in define_flags()) must not share a flag name with another.
+    Imported here in a fresh interpreter, in one go, whatever order the test files happen to run in."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    modules = set()
+    for path in [*(root / "tests").glob("*.py"), *(root / "notebooks").glob("*")]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            modules |= {m for m in re.findall(r"from experiments\.(\w+) import", text)}
+            for names in re.findall(r"from experiments import ([\w, ]+)", text):
+                modules |= {n.strip() for n in names.split(",") if n.strip()}
+    assert {"reproduce", "weight_format_shift", "compare_engines"} <= modules      # the scan found what it is for
+    code = "".join(f"import experiments.{m}\n" for m in sorted(modules))
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
