@@ -19,7 +19,7 @@ setup(
     description="Speculative decoding in JAX/Pallas: exact, jit-compiled, every drafter in one loop.",
     packages=find_packages(include=["specjax", "specjax.*", "pallas_kernels", "pallas_kernels.*", "cpu_kernels",
                                     "cpu_kernels.*"]),
-    package_data={"cpu_kernels": ["*/*.cc"]},      # compiled on first use (cpu_kernels.small_m_matmul.build)
+    package_data={"cpu_kernels": ["*/*.cc", "*.h"]},      # compiled on first use (cpu_kernels.build)
     data_files=checkpoint_files(),
     python_requires=">=3.10",
     install_requires=[

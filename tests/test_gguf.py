@@ -332,7 +332,8 @@ def test_gguf_blocks_compute_exactly_the_float32_model(q4_1_gguf):
     serves as the LM head in its blocks (a third of the bytes), and the model's logits, and its greedy tokens plain
     and speculative, are the float32 model's bit for bit."""
     import specjax
-    from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix, build
+    from cpu_kernels import build
+    from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
     path = q4_1_gguf
     dense = load_model(path)
     blocks = load_model(path, weight_format="gguf")
@@ -364,7 +365,8 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(q4_1_gguf, tmp
     are NOT promised equal to its plain ones: the rest of the forward differs at float32 rounding between a
     one-position step and a verify pass, which quantizing activations can amplify; the README says so)."""
     import specjax
-    from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q8_0Int8Matrix, build
+    from cpu_kernels import build
+    from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q8_0Int8Matrix
     if build.load() is None:
         pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
     path = q4_1_gguf
@@ -390,7 +392,7 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(q4_1_gguf, tmp
 def test_weight_format_shift_reads_zero_for_the_exact_format_and_more_for_int8(q4_1_gguf):
     """experiments.weight_format_shift's measurement: nothing for the GGUF blocks (the float32 model's own values and
     sums), a shift for the 8-bit-activation format."""
-    from cpu_kernels.small_m_matmul import build
+    from cpu_kernels import build
     from experiments.weight_format_shift import compare
     if build.load() is None:
         pytest.skip("no C++ compiler: the quantized kernels cannot be built here")

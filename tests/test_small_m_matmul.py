@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cpu_kernels import build
 from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, Q4_1Int8Matrix, Q4_1Matrix,
-                                        Q8_0Int8Matrix, Q8_0Matrix, applies, build, matmul, small_m_matmul,
+                                        Q8_0Int8Matrix, Q8_0Matrix, applies, matmul, small_m_matmul,
                                         small_m_matmul_q4_1, small_m_matmul_q4_1_int8, small_m_matmul_q8_0,
                                         small_m_matmul_q8_0_int8, small_m_matmul_reference)
 from cpu_kernels.small_m_matmul.reference import (q4_1_int8_reference, q8_0_int8_reference, quantize_rows_q8,
@@ -136,13 +137,17 @@ def test_bad_input_names_the_problem():
 
 
 def test_library_is_rebuilt_for_a_changed_source(tmp_path, monkeypatch):
-    """The cache key covers the source: an edited kernel gets a new shared object, not the stale one."""
+    """The cache key covers every source and header: an edited kernel gets a new shared object, not the stale one."""
     cxx = build.compiler()
     path = build.library_path(cxx)
-    src = tmp_path / "kernel.cc"
-    src.write_text(open(build.SOURCE).read() + "\n// edited\n")
-    monkeypatch.setattr(build, "SOURCE", str(src))
-    assert build.library_path(cxx) != path
+    for name in ("SOURCES", "HEADERS"):
+        files = getattr(build, name)
+        edited = tmp_path / f"edited-{name}"
+        edited.write_text(open(files[-1]).read() + "\n// edited\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(build, name, files[:-1] + (str(edited),))
+            assert build.library_path(cxx) != path
+    assert build.library_path(cxx) == path
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     assert build.library_path(cxx).startswith(str(tmp_path / "cache"))
 

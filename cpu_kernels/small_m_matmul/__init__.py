@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels.small_m_matmul import build
+from cpu_kernels import build
 from cpu_kernels.small_m_matmul.reference import (dequantize_q4_1, dequantize_q8_0, q4_1_int8_reference,
                                                   q8_0_int8_reference, small_m_matmul_reference)
 

@@ -24,19 +24,17 @@
 #include <immintrin.h>
 #endif
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// 512-bit vectors and 24 of the 32 registers as accumulators with AVX-512; 256-bit and 12 of 16 elsewhere (GCC's
-// vector extensions lower to the machine's own width: NEON, AVX2).
+// 24 of the 32 vector registers as accumulators with AVX-512, 12 of 16 elsewhere.
 #if defined(__AVX512F__)
-constexpr int kLanes = 16;                     // floats per vector
 constexpr int kMaxAccumulators = 24;
 #else
-constexpr int kLanes = 8;
 constexpr int kMaxAccumulators = 12;
 #endif
 #if defined(__AVX512F__) && (defined(__clang__) || __GNUC__ >= 12)
@@ -44,42 +42,7 @@ constexpr int kMaxAccumulators = 12;
 #else
 #define SPECJAX_SHUFFLE_SUMS 0
 #endif
-typedef float vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float vec_u __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));   // unaligned access
-
-inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
-inline void store(float* p, vec v) { *reinterpret_cast<vec_u*>(p) = v; }
-
-// Every fused multiply-add of the kernel is this explicit one (a * b + c, rounded once), and the library is built
-// with -ffp-contract=off: left to the compiler, whether a product was fused into its sum differed between
-// instances of one template on AVX2 (and with it a row's bits between calls of different M).
-template <class V>
-inline V fmadd(V a, V b, V c) {
-  constexpr int n = sizeof(V) / sizeof(float);
-#if defined(__AVX512F__)
-  if constexpr (n == 16) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#endif
-#if defined(__FMA__)
-  if constexpr (n == 8) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#endif
-  V r;
-  for (int i = 0; i < n; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
-  return r;
-}
-
-template <class V>
-inline V splat(float s) {                      // s in every lane (a lane loop compiles to 16 masked broadcasts)
-  constexpr int n = sizeof(V) / sizeof(float);
-#if defined(__AVX512F__)
-  if constexpr (n == 16) return (V)_mm512_set1_ps(s);
-#endif
-#if defined(__FMA__)
-  if constexpr (n == 8) return (V)_mm256_set1_ps(s);
-#endif
-  V r;
-  for (int i = 0; i < n; ++i) r[i] = s;
-  return r;
-}
+using namespace specjax_cpu;
 
 // A block holds MB rows x NV vectors of accumulators, at most kMaxAccumulators.
 // "nn" (w [K, N]), more rows than row-major takes (below): a strip is 4 vectors (64 columns with AVX-512) of up to
@@ -222,14 +185,6 @@ constexpr std::array<NnRowsFn, sizeof...(MB)> nn_rows_table(std::integer_sequenc
   return {&nn_rows<MB + 1>...};
 }
 const auto kNnRows = nn_rows_table(std::make_integer_sequence<int, kRowMajorWideRows>{});   // [rows - 1]
-
-inline float hsum(vec v) {                     // a fixed pairwise order
-  float t[kLanes];
-  std::memcpy(t, &v, sizeof(t));
-  for (int s = kLanes / 2; s > 0; s /= 2)
-    for (int i = 0; i < s; ++i) t[i] += t[i + s];
-  return t[0];
-}
 
 // "nt" (w [N, K], e.g. a tied LM head): w row n is output column n, K contiguous. A block is up to 6 rows x 4
 // output columns (with AVX-512). A larger M takes the columns in groups of kNtGroup (w's rows for them: 72 KiB at
@@ -384,28 +339,6 @@ void nt_part(const float* x, int64_t M, int64_t K, const Rows& w, int64_t N, flo
       kNt<Rows>[mb - 1](x + m0 * K, K, w, y + m0 * N, N, g, std::min(n1, g + group), ahead, grouped);
     }
   }
-}
-
-// The work is cut into `total` parts; the calling thread and up to workers - 1 pool tasks claim them. The caller
-// does any part no task has claimed yet, so it never waits on a task that has not started (a pool busy with other
-// work cannot deadlock it).
-struct Split {
-  std::atomic<int> next{0};
-  std::atomic<int> done{0};
-};
-
-template <class Run>
-void run_parts(ffi::ThreadPool& pool, int64_t workers, int total, Run run) {
-  auto split = std::make_shared<Split>();
-  auto claim_all = [=]() {
-    for (int p; (p = split->next.fetch_add(1)) < total;) {
-      run(p);
-      split->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 1; t < std::min<int64_t>(total, workers); ++t) pool.Schedule([claim_all] { claim_all(); });
-  claim_all();
-  while (split->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
 }
 
 // nn: y = S0 + S1, S0 and S1 w's rows [0, K/2) and [K/2, K) summed from zero (a fixed split, whatever the cores:

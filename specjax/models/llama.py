@@ -22,9 +22,11 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels.rms_norm import rms_norm as cpu_rms_norm
+from cpu_kernels.rope import rope
 from cpu_kernels.small_m_matmul import matmul
+from cpu_kernels.verify_attention import attention as cpu_attention
 from pallas_kernels.verify_attention import verify_attention
-from pallas_kernels.verify_attention.reference import verify_attention_reference
 from specjax.cache import GroupedKVCache, KVCache
 from specjax.models.config import ModelConfig
 
@@ -38,9 +40,8 @@ class ForwardOut(NamedTuple):
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * w).astype(x.dtype)
+    """On a CPU the fixed-order kernel (a row's bits whatever the batch), else XLA's."""
+    return cpu_rms_norm(x, w, eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
@@ -66,13 +67,9 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x [B, T, H, D], positions [B, T]; HF's rotate-half convention."""
-    ang = positions[..., None].astype(jnp.float32) * inv_freq              # [B, T, D/2]
-    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
-    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return (x.astype(jnp.float32) * cos + rot.astype(jnp.float32) * sin).astype(x.dtype)
+    """x [B, T, H, D], positions [B, T]; HF's rotate-half convention (on a CPU the fixed-order kernel: a position's
+    vector the same bits in a verify pass as in a decode step)."""
+    return rope(x, positions, inv_freq)
 
 
 def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, implementation: str, q_positions,
@@ -85,9 +82,9 @@ def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, 
             return attention(q, part, layer, lengths, mask if shared_mask else row_mask,
                              implementation=implementation, q_positions=q_positions, sliding_window=sliding_window)
         return cache.per_group(one_group, q, lengths, q_positions, None if shared_mask else mask)
-    if implementation == "xla" or sliding_window is not None:
-        return verify_attention_reference(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
-                                          sliding_window=sliding_window, keys_transposed=cache.keys_transposed)
+    if implementation == "xla" or sliding_window is not None:      # on a CPU, the fixed-order kernel where it applies
+        return cpu_attention(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
+                             sliding_window=sliding_window, keys_transposed=cache.keys_transposed)
     # The kernels read [S, D] tiles; a CPU cache keeps its keys transposed, so interpreting a kernel there reads a
     # transposed copy (on accelerators the cache is in the kernels' layout).
     return verify_attention(q, cache.keys(layer), cache.v[layer], lengths, mask, implementation=implementation)

@@ -1,6 +1,7 @@
-"""Compiles kernel.cc once per machine into the user cache and registers it with XLA:CPU.
+"""Compiles the CPU kernels (every cpu_kernels/*/kernel.cc, one shared object) once per machine into the user cache
+and registers their FFI targets with XLA:CPU.
 
-The shared object is keyed by the source, the jaxlib headers' version, the compiler and the CPU's instruction-set
+The shared object is keyed by the sources, the jaxlib headers' version, the compiler and the CPU's instruction-set
 flags (it is built with -march=native), so a changed kernel, jaxlib or machine builds a fresh one. Nothing happens at
 import: the first call of `load()` builds (a few seconds) and registers; a machine without a C++ compiler gets None
 and the callers use XLA's dot.
@@ -24,7 +25,18 @@ Q4_1_TARGET = "specjax_small_m_matmul_q4_1"
 Q8_0_TARGET = "specjax_small_m_matmul_q8_0"
 Q4_1_INT8_TARGET = "specjax_small_m_matmul_q4_1_int8"
 Q8_0_INT8_TARGET = "specjax_small_m_matmul_q8_0_int8"
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cc")
+VERIFY_ATTENTION_TARGET = "specjax_verify_attention"
+ROPE_TARGET = "specjax_rope"
+RMS_NORM_TARGET = "specjax_rms_norm"
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SOURCES = tuple(os.path.join(ROOT, kernel, "kernel.cc") for kernel in ("small_m_matmul", "verify_attention", "rope",
+                                                                    "rms_norm"))
+HEADERS = (os.path.join(ROOT, "common.h"),)
+# (FFI target, the library's handler symbol)
+HANDLERS = ((TARGET, "SpecjaxSmallMMatmul"), (Q4_1_TARGET, "SpecjaxSmallMMatmulQ41"),
+            (Q8_0_TARGET, "SpecjaxSmallMMatmulQ80"), (Q4_1_INT8_TARGET, "SpecjaxSmallMMatmulQ41Int8"),
+            (Q8_0_INT8_TARGET, "SpecjaxSmallMMatmulQ80Int8"), (VERIFY_ATTENTION_TARGET, "SpecjaxVerifyAttention"),
+            (ROPE_TARGET, "SpecjaxRope"), (RMS_NORM_TARGET, "SpecjaxRmsNorm"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 
 log = logging.getLogger(__name__)
@@ -53,11 +65,13 @@ def compiler() -> str | None:
 
 
 def library_path(cxx: str) -> str:
-    with open(SOURCE, "rb") as f:
-        source = f.read()
-    key = hashlib.sha256(b"\0".join([source, jaxlib.__version__.encode(), cxx.encode(),
+    sources = []
+    for path in SOURCES + HEADERS:
+        with open(path, "rb") as f:
+            sources.append(f.read())
+    key = hashlib.sha256(b"\0".join([*sources, jaxlib.__version__.encode(), cxx.encode(),
                                      " ".join(FLAGS).encode(), cpu_flags().encode()])).hexdigest()[:16]
-    return os.path.join(cache_dir(), f"small_m_matmul-{key}.so")
+    return os.path.join(cache_dir(), f"cpu_kernels-{key}.so")
 
 
 def build(cxx: str, out: str) -> None:
@@ -66,10 +80,10 @@ def build(cxx: str, out: str) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), SOURCE, "-o", tmp]
+        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), "-I", ROOT, *SOURCES, "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"building the small-M matmul kernel failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -78,12 +92,12 @@ def build(cxx: str, out: str) -> None:
 
 @functools.cache
 def load() -> str | None:
-    """Build (once per machine) and register the kernels (float32, Q4_1, Q8_0, and Q4_1 and Q8_0 times
-    8-bit activations); the float32 one's FFI target
-    name, or None where they cannot be built."""
+    """Build (once per machine) and register the kernels (the small-M matmul over float32, Q4_1, Q8_0, and Q4_1 and
+    Q8_0 times 8-bit activations; verify attention; rotary embedding; RMS norm); the float32 matmul's FFI target name, or None where they cannot
+    be built."""
     cxx = compiler()
     if cxx is None:
-        log.warning("no C++ compiler found: the small-M matmul kernel is off, XLA's dot is used")
+        log.warning("no C++ compiler found: the CPU kernels are off, XLA computes their products")
         return None
     path = library_path(cxx)
     try:
@@ -91,13 +105,8 @@ def load() -> str | None:
             build(cxx, path)
         lib = ctypes.cdll.LoadLibrary(path)
     except (RuntimeError, OSError) as e:
-        log.warning("the small-M matmul kernel is off, XLA's dot is used: %s", e)
+        log.warning("the CPU kernels are off, XLA computes their products: %s", e)
         return None
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmul), platform="cpu")
-    jax.ffi.register_ffi_target(Q4_1_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ41), platform="cpu")
-    jax.ffi.register_ffi_target(Q8_0_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ80), platform="cpu")
-    jax.ffi.register_ffi_target(Q4_1_INT8_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ41Int8),
-                                platform="cpu")
-    jax.ffi.register_ffi_target(Q8_0_INT8_TARGET, jax.ffi.pycapsule(lib.SpecjaxSmallMMatmulQ80Int8),
-                                platform="cpu")
+    for target, symbol in HANDLERS:
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return TARGET
