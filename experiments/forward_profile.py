@@ -5,11 +5,14 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
   python -m experiments.forward_profile --targets=stdlib-target --positions=1,5 --batch=8
   python -m experiments.forward_profile --matmul=kernel,xla --nobreakdown     # the small-M kernel vs XLA's dot
   python -m experiments.forward_profile --targets=smollm2-135m --weight_format=float32,gguf,gguf_int8 --rounds=3
+  python -m experiments.forward_profile --layer_ops=kernel,xla --nobreakdown   # fixed-order attention etc. vs XLA
 
 --matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
 small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
-SPECJAX_SMALL_M_MATMUL=0). Each path's ratio is against its own T = 1. The weight formats of a target and the
-matmul paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
+SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE and RMS norm: `kernel` (the fixed-order CPU
+kernels of cpu_kernels.verify_attention, .rope, .rms_norm) or `xla` (XLA's ops: SPECJAX_VERIFY_ATTENTION_KERNEL=0,
+SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
+a target and the paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
 
 Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
 compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
@@ -49,6 +52,8 @@ flags.DEFINE_list("weight_format", ["float32"], "the target's weights, side by s
                   "(a GGUF target's own blocks, load_model(weight_format=); other targets are measured in float32 "
                   "only)")
 flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
+flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
+                  "default), xla")
 flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
                      "machine's slow phases hit every cell alike)")
 flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
@@ -68,29 +73,36 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[s
     return {kind: (ms / n, count / n) for kind, (ms, count) in kinds.items()}
 
 
-MATMUL_PATHS = {"kernel": "1", "xla": "0"}          # the value of SPECJAX_SMALL_M_MATMUL each path traces with
+# The switches each path traces with (read when a forward is traced): "kernel" leaves them on, "xla" turns them off.
+MATMUL_SWITCHES = ("SPECJAX_SMALL_M_MATMUL",)
+LAYER_OP_SWITCHES = ("SPECJAX_VERIFY_ATTENTION_KERNEL", "SPECJAX_ROPE_KERNEL", "SPECJAX_RMS_NORM_KERNEL")
+PATHS = ("kernel", "xla")
 
 
 @contextlib.contextmanager
-def matmul_path(path: str):
-    """Trace inside with the given matmul path (the switch is read when a forward is traced)."""
-    before = os.environ.get("SPECJAX_SMALL_M_MATMUL")
-    os.environ["SPECJAX_SMALL_M_MATMUL"] = MATMUL_PATHS[path]
+def kernel_paths(matmul: str, layer_ops: str):
+    """Trace inside with the given paths for the matmuls and for attention / RoPE / RMS norm."""
+    settings = {v: "1" if path == "kernel" else "0"
+                for switches, path in ((MATMUL_SWITCHES, matmul), (LAYER_OP_SWITCHES, layer_ops)) for v in switches}
+    before = {v: os.environ.get(v) for v in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["SPECJAX_SMALL_M_MATMUL"]
-        else:
-            os.environ["SPECJAX_SMALL_M_MATMUL"] = before
+        for v, value in before.items():
+            if value is None:
+                del os.environ[v]
+            else:
+                os.environ[v] = value
 
 
 def main(argv):
     rows, summary = [], []
     positions = [int(t) for t in FLAGS.positions]
-    unknown = set(FLAGS.matmul) - set(MATMUL_PATHS)
-    if unknown:                                          # before any measurement
-        raise app.UsageError(f"unknown --matmul paths {sorted(unknown)}: choose from {sorted(MATMUL_PATHS)}")
+    for flag in ("matmul", "layer_ops"):
+        unknown = set(FLAGS[flag].value) - set(PATHS)
+        if unknown:                                      # before any measurement
+            raise app.UsageError(f"unknown --{flag} paths {sorted(unknown)}: choose from {list(PATHS)}")
     for name in FLAGS.targets:
         models = {}                  # every format of this target, measured side by side (for each T, in turn)
         for weights in FLAGS.weight_format:
@@ -99,21 +111,22 @@ def main(argv):
                 continue
             models[weights] = specjax.load_model(name, weight_format=weights)
         weight_bytes = {w: sum(x.nbytes for x in jax.tree_util.tree_leaves(m.params)) for w, m in models.items()}
-        cells = list(itertools.product(positions, models, FLAGS.matmul))
+        cells = list(itertools.product(positions, models, FLAGS.matmul, FLAGS.layer_ops))
         seconds = {}                 # the fastest of --rounds sweeps (a sweep is every cell once, in turn)
         for _ in range(FLAGS.rounds):
-            for T, weights, path in cells:
-                with matmul_path(path):
+            for T, weights, path, ops in cells:
+                with kernel_paths(path, ops):
                     s = costs.forward_seconds(models[weights], FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
-                seconds[T, weights, path] = min(s, seconds.get((T, weights, path), s))
-        for T, weights, path in cells:
-            model, sec = models[weights], seconds[T, weights, path]
-            one = seconds[positions[0], weights, path]
+                seconds[T, weights, path, ops] = min(s, seconds.get((T, weights, path, ops), s))
+        for T, weights, path, ops in cells:
+            model, sec = models[weights], seconds[T, weights, path, ops]
+            one = seconds[positions[0], weights, path, ops]
             label = name if weights == "float32" else f"{name} ({weights})"
-            row = dict(target=name, weight_format=weights, matmul=path, batch=FLAGS.batch, context=FLAGS.context,
+            row = dict(target=name, weight_format=weights, matmul=path, layer_ops=ops, batch=FLAGS.batch,
+                       context=FLAGS.context,
                        positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes[weights] / sec / 1e9)
             if FLAGS.breakdown:
-                with matmul_path(path):
+                with kernel_paths(path, ops):
                     kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
                 matmul_ms = sum(ms for k, (ms, _) in kinds.items() if k in MATMUL_KINDS)
                 row.update(thread_ms=sum(ms for ms, _ in kinds.values()), matmul_thread_ms=matmul_ms,
@@ -121,16 +134,17 @@ def main(argv):
                            ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
                                 for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
                 top = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]
-                summary.append([label, path, T, f"{sec * 1e3:.2f}", f"{sec / one:.2f}",
+                summary.append([label, path, ops, T, f"{sec * 1e3:.2f}", f"{sec / one:.2f}",
                                 "; ".join(f"{k} {ms:.2f} ms x{c:.0f}" for k, (ms, c) in top)])
             rows.append(row)
-            print(f"{label} {path} T={T}: {sec * 1e3:.2f} ms, {sec / one:.2f}x T={positions[0]}"
+            print(f"{label} matmul {path} layer ops {ops} T={T}: {sec * 1e3:.2f} ms, {sec / one:.2f}x T={positions[0]}"
                   + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else ""), flush=True)
-    header = ["target", "matmul", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
+    header = ["target", "matmul", "layer ops", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
     if summary:
         print(text_table(header, summary))
     write_table(rows, FLAGS.out, {"positions": positions, "context": FLAGS.context, "batch": FLAGS.batch,
-                                  "inner": INNER, "matmul": FLAGS.matmul, "rounds": FLAGS.rounds,
+                                  "inner": INNER, "matmul": FLAGS.matmul, "layer_ops": FLAGS.layer_ops,
+                                  "rounds": FLAGS.rounds,
                                   "weight_format": FLAGS.weight_format})
 
 

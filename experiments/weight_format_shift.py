@@ -9,8 +9,8 @@ each): how often their argmax agrees, KL(p_float32 || p_format) (mean, and the 9
 and the continuation's mean negative log-likelihood under each (a format that hurts the model raises its own);
 and the format's own greedy continuation: how many rows equal float32's token for token, and where the others
 first differ. With --spec_method, the format's greedy continuation decoded speculatively too, against its own plain
-one (on float32 and "gguf" they are equal; on "gguf_int8" a verify pass can round a layer's input differently
-from a one-position step, so they need not be: this counts how often they are not).
+one: equal on every format where the CPU kernels fix the forward's order (a verify pass computes each row as a
+one-position step does); this counts the rows where it is not.
 """
 from __future__ import annotations
 

@@ -89,10 +89,9 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     "gguf_int8": the same blocks in llama.cpp's own arithmetic for them (each row of a layer's input quantized to
     8 bits per block of 32, integer dot products; a Q8_0 LM head the same way): about a quarter of the float32 work per
     weight, so a verify pass of several positions costs less, but NOT the float32 model's function (lossy against
-    it, as llama.cpp is; experiments.weight_format_shift measures how far). Nor is speculative decoding on it
-    token-identical to its plain decoding: its matrix products give each row alone, but the rest of the forward
-    (attention, norms) differs at float32 rounding between a one-position step and a verify pass, and quantizing
-    a layer's input to 8 bits can turn such a difference into a different token. A lossy, labeled mode."""
+    it, as llama.cpp is; experiments.weight_format_shift measures how far). Greedy speculative decoding on it equals
+    its own plain decoding (on a CPU every row of the forward is computed alike in a verify pass and a one-position
+    step), not the float32 model's. A lossy, labeled mode."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: one of {WEIGHT_FORMATS}")
     found = checkpoints.resolve(path_or_name, "model")
