@@ -87,25 +87,30 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax
     if (jax.default_backend() != "cpu" or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
             or applies(q.shape, k_cache.shape, q.dtype, keys_transposed) or build.load() is None):
         return reference(q, k_cache, v_cache, lengths, mask)
-    kernel = functools.partial(_differentiable_kernel, q_positions=q_positions, sliding_window=sliding_window)
+    kernel = lambda q, k, v, lengths, mask: _kernel(q, k, v, lengths, mask, q_positions, sliding_window)
     return jax.lax.platform_dependent(q, k_cache, v_cache, lengths, mask, cpu=kernel, default=reference)
 
 
-def _differentiable_kernel(q, k_cache, v_cache, lengths, mask, *, q_positions, sliding_window):
-    """The kernel forward, the reference's gradients (drafter training backpropagates through attention)."""
-    @jax.custom_vjp
-    def run(q, k_cache, v_cache):
-        return verify_attention_cpu(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
-                                    sliding_window=sliding_window)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _kernel(q, k_cache, v_cache, lengths, mask, q_positions, sliding_window):
+    """The kernel forward, the reference's gradients (drafter training backpropagates through attention). Every
+    array is an argument: a custom_vjp function may not close over traced values."""
+    return verify_attention_cpu(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
+                                sliding_window=sliding_window)
 
-    def forward(q, k_cache, v_cache):
-        return run(q, k_cache, v_cache), (q, k_cache, v_cache)
 
-    def backward(residuals, g):
-        _, pullback = jax.vjp(lambda q, k, v: verify_attention_reference(
-            q, k, v, lengths, mask, q_positions=q_positions, sliding_window=sliding_window, keys_transposed=True),
-            *residuals)
-        return pullback(g)
+def _kernel_forward(q, k_cache, v_cache, lengths, mask, q_positions, sliding_window):
+    out = verify_attention_cpu(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
+                               sliding_window=sliding_window)
+    return out, (q, k_cache, v_cache, lengths, mask, q_positions)
 
-    run.defvjp(forward, backward)
-    return run(q, k_cache, v_cache)
+
+def _kernel_backward(sliding_window, residuals, g):
+    q, k_cache, v_cache, lengths, mask, q_positions = residuals
+    _, pullback = jax.vjp(lambda q, k, v: verify_attention_reference(
+        q, k, v, lengths, mask, q_positions=q_positions, sliding_window=sliding_window, keys_transposed=True),
+        q, k_cache, v_cache)
+    return (*pullback(g), None, None, None)
+
+
+_kernel.defvjp(_kernel_forward, _kernel_backward)
