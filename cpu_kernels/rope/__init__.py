@@ -41,9 +41,10 @@ def rope_cpu(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Arr
 def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """rope_reference's arguments: the kernel on a CPU for float32 x, else the reference (a CPU program lowered for
     another platform lowers the reference there). Gradients are the reference's (it is linear in x)."""
-    if (jax.default_backend() != "cpu" or x.dtype != jnp.float32 or x.ndim != 4 or _turned_off()
-            or build.load() is None):
+    if (jax.default_backend() != "cpu" or x.dtype != jnp.float32 or x.ndim != 4 or positions.ndim != 2
+            or _turned_off() or build.load() is None):
         return rope_reference(x, positions, inv_freq)
+    positions = jnp.broadcast_to(positions, x.shape[:2])       # e.g. one row of positions for every batch row
     return jax.lax.platform_dependent(x, positions, inv_freq, cpu=_differentiable_kernel, default=rope_reference)
 
 
