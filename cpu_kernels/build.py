@@ -110,3 +110,17 @@ def load() -> str | None:
     for target, symbol in HANDLERS:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return TARGET
+
+
+def require() -> str:
+    """load(), or a clear error where the kernels could not be built (a kernel called directly needs them)."""
+    target = load()
+    if target is None:
+        raise RuntimeError("the CPU kernels could not be built on this machine (see the log)")
+    return target
+
+
+def turned_off(switch: str) -> bool:
+    """Whether the environment switch `switch` (e.g. SPECJAX_ROPE_KERNEL) is "0": that kernel's callers trace XLA's
+    ops instead (read when a program is traced)."""
+    return os.environ.get(switch, "1") == "0"

@@ -8,7 +8,6 @@ Semantics: rms_norm_reference (1 / sqrt in place of XLA's rsqrt; the same formul
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -19,16 +18,12 @@ from cpu_kernels.rms_norm.reference import rms_norm_reference
 
 __all__ = ["rms_norm", "rms_norm_cpu", "rms_norm_reference"]
 
-
-def _turned_off() -> bool:
-    """SPECJAX_RMS_NORM_KERNEL=0: XLA computes the norm (the reference)."""
-    return os.environ.get("SPECJAX_RMS_NORM_KERNEL", "1") == "0"
+SWITCH = "SPECJAX_RMS_NORM_KERNEL"     # "0": XLA computes it (the reference)
 
 
 def rms_norm_cpu(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """The kernel itself (CPU only): x [..., H] float32, weight [H] -> [..., H]."""
-    if build.load() is None:
-        raise RuntimeError("the CPU kernels could not be built on this machine (see the log)")
+    build.require()
     if weight.ndim != 1 or x.shape[-1:] != weight.shape:
         raise ValueError(f"rms_norm takes x [..., H] and weight [H], got {x.shape} and {weight.shape}")
     if x.dtype != jnp.float32 or weight.dtype != jnp.float32:
@@ -43,8 +38,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     program lowered for another platform lowers the reference there; a traced eps takes the reference too).
     Gradients are the reference's."""
     if (jax.default_backend() != "cpu" or not isinstance(eps, (int, float, np.floating)) or x.dtype != jnp.float32
-            or weight.dtype != jnp.float32 or weight.ndim != 1 or x.shape[-1:] != weight.shape or _turned_off()
-            or build.load() is None):
+            or weight.dtype != jnp.float32 or weight.ndim != 1 or x.shape[-1:] != weight.shape
+            or build.turned_off(SWITCH) or build.load() is None):
         return rms_norm_reference(x, weight, eps)
     return jax.lax.platform_dependent(x, weight, cpu=lambda x, w: _differentiable_kernel(x, w, eps),
                                       default=lambda x, w: rms_norm_reference(x, w, eps))

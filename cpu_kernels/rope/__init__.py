@@ -8,8 +8,6 @@ steps. Semantics: rope_reference (cos and sin from the C library, each product r
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
@@ -18,16 +16,12 @@ from cpu_kernels.rope.reference import rope_reference
 
 __all__ = ["rope", "rope_cpu", "rope_reference"]
 
-
-def _turned_off() -> bool:
-    """SPECJAX_ROPE_KERNEL=0: XLA computes RoPE (the reference)."""
-    return os.environ.get("SPECJAX_ROPE_KERNEL", "1") == "0"
+SWITCH = "SPECJAX_ROPE_KERNEL"     # "0": XLA computes it (the reference)
 
 
 def rope_cpu(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """The kernel itself (CPU only): x [B, T, H, D] float32, positions [B, T], inv_freq [D / 2] -> [B, T, H, D]."""
-    if build.load() is None:
-        raise RuntimeError("the CPU kernels could not be built on this machine (see the log)")
+    build.require()
     if x.ndim != 4 or positions.shape != x.shape[:2] or inv_freq.shape != (x.shape[-1] // 2,) or x.shape[-1] % 2:
         raise ValueError(f"rope takes x [B, T, H, D] (D even), positions [B, T] and inv_freq [D / 2], got "
                          f"{x.shape}, {positions.shape} and {inv_freq.shape}")
@@ -42,7 +36,7 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """rope_reference's arguments: the kernel on a CPU for float32 x, else the reference (a CPU program lowered for
     another platform lowers the reference there). Gradients are the reference's (it is linear in x)."""
     if (jax.default_backend() != "cpu" or x.dtype != jnp.float32 or x.ndim != 4 or positions.ndim != 2
-            or _turned_off() or build.load() is None):
+            or build.turned_off(SWITCH) or build.load() is None):
         return rope_reference(x, positions, inv_freq)
     positions = jnp.broadcast_to(positions, x.shape[:2])       # e.g. one row of positions for every batch row
     return jax.lax.platform_dependent(x, positions, inv_freq, cpu=_differentiable_kernel, default=rope_reference)

@@ -268,15 +268,12 @@ def _block_product(name: str, target: str, x: jax.Array, w, parts: int | None) -
 
 def _built() -> str:
     """The float32 kernel's FFI target (the quantized ones register with it); a clear error where none was built."""
-    target = build.load()
-    if target is None:
-        raise RuntimeError("the small-M matmul kernel could not be built on this machine (see the log)")
-    return target
+    return build.require()
 
 
 def _turned_off() -> bool:
     """SPECJAX_SMALL_M_MATMUL=0: every product takes XLA's dot (quantized blocks: their jnp reference)."""
-    return os.environ.get("SPECJAX_SMALL_M_MATMUL", "1") == "0"
+    return build.turned_off("SPECJAX_SMALL_M_MATMUL")
 
 
 def cores() -> int:

@@ -14,7 +14,6 @@ the library is built, the reference elsewhere; gradients are the reference's.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +25,12 @@ from pallas_kernels.verify_attention.reference import verify_attention_reference
 
 __all__ = ["applies", "attention", "verify_attention_cpu"]
 
-def _turned_off() -> bool:
-    """SPECJAX_VERIFY_ATTENTION_KERNEL=0: XLA computes attention (the reference)."""
-    return os.environ.get("SPECJAX_VERIFY_ATTENTION_KERNEL", "1") == "0"
+SWITCH = "SPECJAX_VERIFY_ATTENTION_KERNEL"     # "0": XLA computes it (the reference)
 
 
 def applies(q_shape, k_shape, dtype, keys_transposed: bool) -> str | None:
     """Why the kernel cannot take this attention (None: it can). Static: shapes and dtypes only."""
-    if _turned_off():
+    if build.turned_off(SWITCH):
         return "turned off by SPECJAX_VERIFY_ATTENTION_KERNEL=0"
     if not keys_transposed:
         return "keys stored [B, Hkv, S, D] (the kernel reads a CPU cache's slots-last keys)"
@@ -58,8 +55,7 @@ def verify_attention_cpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, l
     """The kernel itself (CPU only): q [B, T, Hq, D]; k_cache [B, Hkv, D, S] (slots last); v_cache [B, Hkv, S, D];
     lengths [B] (valid slots, the T new ones included); mask None (causal) or bool [T, T] / [B, T, T] -> out
     [B, T, Hq, D] float32."""
-    if build.load() is None:
-        raise RuntimeError("the CPU kernels could not be built on this machine (see the log)")
+    build.require()
     B, T, Hq, D = q.shape
     if k_cache.ndim != 4 or k_cache.shape[:3] != (B, v_cache.shape[1], D) or v_cache.shape != (
             B, k_cache.shape[1], k_cache.shape[3], D):
