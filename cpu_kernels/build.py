@@ -124,3 +124,12 @@ def turned_off(switch: str) -> bool:
     """Whether the environment switch `switch` (e.g. SPECJAX_ROPE_KERNEL) is "0": that kernel's callers trace XLA's
     ops instead (read when a program is traced)."""
     return os.environ.get(switch, "1") == "0"
+
+
+def kernel_or_reference(kernel, reference, *args, usable: bool):
+    """kernel(*args) where `usable` (the caller's dtype / shape / switch rules), the default backend is a CPU and the
+    kernels are built, traced with lax.platform_dependent so that a CPU program lowered for another platform lowers
+    reference(*args) there; reference(*args) otherwise."""
+    if not usable or jax.default_backend() != "cpu" or load() is None:
+        return reference(*args)
+    return jax.lax.platform_dependent(*args, cpu=kernel, default=reference)

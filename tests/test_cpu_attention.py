@@ -112,10 +112,10 @@ def test_dispatch_gradients_and_bad_input(monkeypatch):
     grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * weights).sum(), argnums=(0, 1, 2)))
     for got, want in zip(grad(kern)(q, transposed(k), v, lengths), grad(ref)(q, transposed(k), v, lengths)):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    assert applies(q.shape, k.shape, jnp.float32, keys_transposed=False) is not None
-    assert applies(q.shape, k.shape, jnp.bfloat16, keys_transposed=True) is not None
+    assert applies(jnp.float32, keys_transposed=False) is not None
+    assert applies(jnp.bfloat16, keys_transposed=True) is not None
     monkeypatch.setenv("SPECJAX_VERIFY_ATTENTION_KERNEL", "0")
-    assert "turned off" in applies(q.shape, k.shape, jnp.float32, keys_transposed=True)
+    assert "turned off" in applies(jnp.float32, keys_transposed=True)
     monkeypatch.delenv("SPECJAX_VERIFY_ATTENTION_KERNEL")
     with pytest.raises(ValueError, match=r"k_cache \[B, Hkv, D, S\]"):
         verify_attention_cpu(q, k, v, lengths)                  # keys not slots-last

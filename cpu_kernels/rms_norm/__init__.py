@@ -37,12 +37,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """rms_norm_reference's arguments: the kernel on a CPU for float32 x and weight, else the reference (a CPU
     program lowered for another platform lowers the reference there; a traced eps takes the reference too).
     Gradients are the reference's."""
-    if (jax.default_backend() != "cpu" or not isinstance(eps, (int, float, np.floating)) or x.dtype != jnp.float32
-            or weight.dtype != jnp.float32 or weight.ndim != 1 or x.shape[-1:] != weight.shape
-            or build.turned_off(SWITCH) or build.load() is None):
-        return rms_norm_reference(x, weight, eps)
-    return jax.lax.platform_dependent(x, weight, cpu=lambda x, w: _differentiable_kernel(x, w, eps),
-                                      default=lambda x, w: rms_norm_reference(x, w, eps))
+    usable = (isinstance(eps, (int, float, np.floating)) and x.dtype == jnp.float32 and weight.dtype == jnp.float32
+              and weight.ndim == 1 and x.shape[-1:] == weight.shape and not build.turned_off(SWITCH))
+    return build.kernel_or_reference(lambda x, w: _differentiable_kernel(x, w, eps),
+                                     lambda x, w: rms_norm_reference(x, w, eps), x, weight, usable=usable)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -35,11 +35,10 @@ def rope_cpu(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Arr
 def rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """rope_reference's arguments: the kernel on a CPU for float32 x, else the reference (a CPU program lowered for
     another platform lowers the reference there). Gradients are the reference's (it is linear in x)."""
-    if (jax.default_backend() != "cpu" or x.dtype != jnp.float32 or x.ndim != 4 or positions.ndim != 2
-            or build.turned_off(SWITCH) or build.load() is None):
-        return rope_reference(x, positions, inv_freq)
-    positions = jnp.broadcast_to(positions, x.shape[:2])       # e.g. one row of positions for every batch row
-    return jax.lax.platform_dependent(x, positions, inv_freq, cpu=_differentiable_kernel, default=rope_reference)
+    usable = x.dtype == jnp.float32 and x.ndim == 4 and positions.ndim == 2 and not build.turned_off(SWITCH)
+    if usable:
+        positions = jnp.broadcast_to(positions, x.shape[:2])   # e.g. one row of positions for every batch row
+    return build.kernel_or_reference(_differentiable_kernel, rope_reference, x, positions, inv_freq, usable=usable)
 
 
 @jax.custom_vjp

@@ -313,14 +313,12 @@ def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q4_1Int8Matrix | Q8_0Matrix
         return _int8_product(x, w, transposed)
     quantized = isinstance(w, (Q4_1Matrix, Q8_0Matrix))
     reference = lambda x, w: small_m_matmul_reference(x, w.dequantize() if quantized else w, transposed)
-    if (jax.default_backend() != "cpu" or x.dtype != w.dtype
-            or applies(x.shape, w.shape, x.dtype, transposed, quantized) or build.load() is None):
-        return reference(x, w)
+    usable = x.dtype == w.dtype and applies(x.shape, w.shape, x.dtype, transposed, quantized) is None
     product = {Q4_1Matrix: small_m_matmul_q4_1, Q8_0Matrix: small_m_matmul_q8_0}.get(
         type(w), lambda x, w: _differentiable_kernel(x, w, transposed))
     lead = x.shape[:-1]
     kernel = lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
-    return jax.lax.platform_dependent(x, w, cpu=kernel, default=reference)
+    return build.kernel_or_reference(kernel, reference, x, w, usable=usable)
 
 
 def _int8_product(x: jax.Array, w: Q4_1Int8Matrix | Q8_0Int8Matrix, transposed: bool) -> jax.Array:
@@ -336,6 +334,4 @@ def _int8_product(x: jax.Array, w: Q4_1Int8Matrix | Q8_0Int8Matrix, transposed: 
     lead = x.shape[:-1]
     flat = lambda product: lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)
     reference = flat(lambda x, w: same_arithmetic(x, *w))
-    if jax.default_backend() != "cpu" or _turned_off() or build.load() is None:
-        return reference(x, w)
-    return jax.lax.platform_dependent(x, w, cpu=flat(kernel), default=reference)
+    return build.kernel_or_reference(flat(kernel), reference, x, w, usable=not _turned_off())

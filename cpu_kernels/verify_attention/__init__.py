@@ -28,8 +28,8 @@ __all__ = ["applies", "attention", "verify_attention_cpu"]
 SWITCH = "SPECJAX_VERIFY_ATTENTION_KERNEL"     # "0": XLA computes it (the reference)
 
 
-def applies(q_shape, k_shape, dtype, keys_transposed: bool) -> str | None:
-    """Why the kernel cannot take this attention (None: it can). Static: shapes and dtypes only."""
+def applies(dtype, keys_transposed: bool) -> str | None:
+    """Why the kernel cannot take this attention (None: it can). Static: the dtype and the key layout."""
     if build.turned_off(SWITCH):
         return "turned off by SPECJAX_VERIFY_ATTENTION_KERNEL=0"
     if not keys_transposed:
@@ -61,7 +61,7 @@ def verify_attention_cpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, l
             B, k_cache.shape[1], k_cache.shape[3], D):
         raise ValueError(f"verify_attention_cpu takes k_cache [B, Hkv, D, S] and v_cache [B, Hkv, S, D] for q "
                          f"{q.shape}, got {k_cache.shape} and {v_cache.shape}")
-    reason = applies(q.shape, k_cache.shape, q.dtype, True)
+    reason = applies(q.dtype, True)
     if reason or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(f"verify_attention_cpu cannot take this attention: {reason or 'cache dtype differs'}")
     if Hq % k_cache.shape[1]:
@@ -80,11 +80,9 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax
     `applies`, else the reference. A CPU program lowered for another platform lowers the reference there."""
     reference = functools.partial(verify_attention_reference, q_positions=q_positions,
                                   sliding_window=sliding_window, keys_transposed=keys_transposed)
-    if (jax.default_backend() != "cpu" or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
-            or applies(q.shape, k_cache.shape, q.dtype, keys_transposed) or build.load() is None):
-        return reference(q, k_cache, v_cache, lengths, mask)
+    usable = k_cache.dtype == q.dtype == v_cache.dtype and applies(q.dtype, keys_transposed) is None
     kernel = lambda q, k, v, lengths, mask: _kernel(q, k, v, lengths, mask, q_positions, sliding_window)
-    return jax.lax.platform_dependent(q, k_cache, v_cache, lengths, mask, cpu=kernel, default=reference)
+    return build.kernel_or_reference(kernel, reference, q, k_cache, v_cache, lengths, mask, usable=usable)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
