@@ -72,7 +72,8 @@ def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
             specjax.generate(target, [first] * size, config, drafter=pick(drafter, list(range(size))),
                              pad_to=pad_to)
     results = [([], {"generated_tokens": 0, "wall_s": 0.0, "accepted": 0, "drafted": 0, "target_passes": 0,
-                     "first_tokens": 0, "buffer_len": 0, "loop_steps": 0, "calls": 0}) for _ in runs]
+                     "plain_passes": 0, "first_tokens": 0, "buffer_len": 0, "loop_steps": 0, "calls": 0})
+               for _ in runs]
     for idx in batches:
         batch = [prompts[i] for i in idx]
         prepared = [api.prepare(target, batch, config, drafter=pick(drafter, idx), seed=seed, request_ids=idx,
@@ -83,7 +84,7 @@ def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
             r = first_runs[j]
             totals["wall_s"] += seconds[j]
             outs.extend(r.tokens)
-            for key in ("generated_tokens", "accepted", "drafted", "target_passes"):
+            for key in ("generated_tokens", "accepted", "drafted", "target_passes", "plain_passes"):
                 totals[key] += r.stats[key]
             totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
             totals["first_tokens"] += len(idx)
@@ -147,7 +148,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     the i.i.d. acceptance that explains tau (chains) or tau over the measured cost of a step (trees). spec / base:
     the totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
     -> c, verify_cost, alpha_fit, predicted, steady (the measured decode loop without prefills, which is what
-    the formula models), per-step times in ms."""
+    the formula models), one_position_share (steps that verified one position: nothing drafted), per-step
+    times in ms (model_ms_per_step: what the prediction assumes a step costs)."""
     k, sp = config.k, config.sampling
     lens = [len(prompt_ids(target, p)) for p in prompts]
     per_request = registry.get(config.method).per_request_params
@@ -164,11 +166,14 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, inner=2, **timing)
     t_dpre = costs.init_seconds(prepared.drafter, prepared.draft_params, target, max(lens), sp, reps=10, **timing)
     c, verify_cost = tp / (k * t1), tv / t1
-    # Chains: the i.i.d. acceptance that explains tau, through Leviathan's formula. Trees have no alpha; their
-    # prediction is tau over the measured cost of a step (draft + verify), in units of a decode step.
-    alpha_fit = analysis.alpha_from_tau(min(spec["tau"], k + 1 - 1e-9), k) if not is_tree else float("nan")
-    predicted = analysis.walltime_speedup(alpha_fit, k, c, verify_cost) if not is_tree else \
-        analysis.speedup_from_tau(spec["tau"], k * c, verify_cost)
+    # tau over the measured cost of a step in decode steps (Leviathan's formula for a chain whose acceptance is
+    # i.i.d.): the drafter's proposal, then a (k+1)-position verify, or one position where nothing was drafted
+    # (Draft.num_drafted). Chains: alpha_fit, the i.i.d. acceptance that explains tau of the verify steps (a
+    # one-position step commits one token). Trees have no alpha.
+    share = spec.get("plain_passes", 0) / max(spec["target_passes"], 1)
+    tau_verified = (spec["tau"] - share) / (1 - share) if share < 1 else 1.0
+    alpha_fit = analysis.alpha_from_tau(min(max(tau_verified, 1.0), k + 1 - 1e-9), k) if not is_tree else float("nan")
+    predicted = analysis.speedup_from_tau(spec["tau"], k * c, verify_cost, share)
     # Steady state: the decode loop without the prefills, which is what the formula models.
     # Per pass of the loop: with one row that is a row's pass, and tokens per pass is tau; a batched loop runs
     # until its slowest row is done, so its tokens per pass are counted over the loop's passes.
@@ -180,7 +185,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     steady = (plain_ms / per_step(base)) / (step_ms / per_step(spec))
     return dict(c=c, verify_cost=verify_cost, alpha_fit=alpha_fit, predicted=predicted, steady=steady,
                 plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms, propose_ms=tp * 1e3, verify_ms=tv * 1e3,
-                decode_ms=t1 * 1e3)
+                decode_ms=t1 * 1e3, one_position_share=share,
+                model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3)
 
 
 def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_threshold: float | None = None,
@@ -246,14 +252,17 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     # iteration (batch tau) is below the rows' mean tau once rows accept at different rates.
     steps = N - 1
     iterations = stats["accept_trace"].shape[1]
+    # iterations in which no row verified drafts (nothing drafted: Draft.num_drafted) took one position
+    one_position = int(np.sum(np.all(np.asarray(stats["accept_trace"]) < 0, axis=0)))
     batch_tau = steps / iterations
-    steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1)
+    steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1, one_position / iterations)
     # The whole call, as timed: both pay the target's prefill (in length groups, as generate() runs it),
     # speculation also its drafter's; then N - 1 plain steps, or the run's loop iterations of draft + verify.
     t_pre = costs.prefill_seconds(target, ids, buf, pad_to=pad_to)
     t_dpre = costs.init_seconds(spec.drafter, spec.draft_params, target, pad_to, config.sampling, batch=B,
                                 cache_size=buf, reps=3, inner=2)
-    predicted = (t_pre + steps * t1) / (t_pre + t_dpre + iterations * (draft_cost * t1 + tv))
+    predicted = (t_pre + steps * t1) / (t_pre + t_dpre + iterations * draft_cost * t1
+                                        + (iterations - one_position) * tv + one_position * t1)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
                                                                 == plain_out) else "no") \
@@ -267,6 +276,7 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     row = dict(batch=B, k=k, plain_tokens_per_s=n / plain_s, tokens_per_s=n / spec_s, speedup=plain_s / spec_s,
                predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
                alpha=stats["alpha"], tau=stats["tau"], batch_tau=batch_tau, c_step=draft_cost,
+               one_position_share=one_position / iterations,
                verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact, roofline=roofline)
     if policy is not None:
         policy_k = pol.config.k

@@ -262,6 +262,7 @@ def one_at_a_time() -> None:
                                                                           "predicted", "steady"))
         plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
         tp, tv, t1 = pred["propose_ms"] / 1e3, pred["verify_ms"] / 1e3, pred["decode_ms"] / 1e3
+        share, model_ms = pred["one_position_share"], pred["model_ms_per_step"]
         measured = st["tokens_per_s"] / base["tokens_per_s"]
         # Sampled output matches the plain run only in distribution (tested by the conformance suite), not per token.
         exact = ("yes" if outs == base_outs else "no") if temperature == 0 else "n/a"
@@ -276,7 +277,8 @@ def one_at_a_time() -> None:
                             speedup=measured, steady=steady, predicted=predicted, c=c, verify_cost=verify_cost,
                             exact=exact, drafter=artifact, accept_hist=np.asarray(st["accept_hist"]).tolist(),
                             target_passes=st["target_passes"], propose_ms=tp * 1e3, verify_ms=tv * 1e3,
-                            decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms))
+                            decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
+                            one_position_share=share, plain_passes=st["plain_passes"]))
         print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, per-position acceptance "
               f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
         if FLAGS.profile:
@@ -293,24 +295,27 @@ def one_at_a_time() -> None:
                                                         "temperature", "rounds", "drafters", "seed"))
         rows.append((pset, temperature, name, k, st["alpha"], alpha_fit, st["tau"],
                      st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
-                     exact, plain_ms, t1 * 1e3, step_ms, (tp + tv) * 1e3))
+                     exact, plain_ms, t1 * 1e3, step_ms, model_ms, share))
 
-    print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau; c = draft cost per token "
-          "/ target decode step; vcost = (k+1)-position verify / 1-position decode; predicted = "
-          "(1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit")
+    print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau of the verify steps; c = draft "
+          "cost per token / target decode step; vcost = (k+1)-position verify / 1-position decode; 1pos = share of "
+          "steps that verified one position (nothing drafted); predicted = tau / (k c + 1pos + (1 - 1pos) vcost), "
+          "for a chain (1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit when 1pos = 0")
     hdr = (f"{'prompts':>9} {'T':>3} {'method':>28} {'k':>2} {'alpha':>6} {'a_fit':>6} {'tau':>5} {'tok/s':>7} "
-           f"{'plain':>7} {'speedup':>8} {'steady':>7} {'predicted':>9} {'gap':>6} {'c':>6} {'vcost':>6} "
+           f"{'plain':>7} {'speedup':>8} {'steady':>7} {'predicted':>9} {'gap':>6} {'c':>6} {'vcost':>6} {'1pos':>5} "
            f"{'exact':>5} {'plain ms/step':>13} {'(model)':>7} {'spec ms/step':>12} {'(model)':>7}")
     print(hdr)
     for r in rows:
-        pset, temp, method, k, alpha, afit, tau, tps, base_tps, meas, steady, pred, c, vc, exact, pms, t1ms, sms, pm = r
+        pset, temp, method, k, alpha, afit, tau, tps, base_tps, meas, steady, pred, c, vc, exact, pms, t1ms, sms, pm, \
+            share = r
         print(f"{pset:>9} {temp:3g} {method:>28} {k:>2} {alpha:6.3f} {afit:6.3f} {tau:5.2f} {tps:7.1f} {base_tps:7.1f} "
-              f"{meas:7.2f}x {steady:6.2f}x {pred:8.2f}x {steady / pred - 1:+6.1%} {c:6.3f} {vc:6.2f} "
+              f"{meas:7.2f}x {steady:6.2f}x {pred:8.2f}x {steady / pred - 1:+6.1%} {c:6.3f} {vc:6.2f} {share:5.2f} "
               f"{exact:>5} {pms:13.2f} {t1ms:7.2f} {sms:12.2f} {pm:7.2f}")
     print("speedup: end to end (tokens/s, prefill included); steady: the decode loop alone (measured prefill time "
           "subtracted), which is what the formula predicts; gap = steady / predicted - 1. ms/step: measured time "
           "per target pass in the loop; (model): what the prediction assumes (one target forward for plain, "
-          "propose + verify for speculative); their difference is the engine's per-step overhead.")
+          "propose + verify for speculative, one forward for its one-position steps); their difference is the "
+          "engine's per-step overhead.")
     if stem and records:
         plot(records, stem)
     differ = [f"{r[0]}:{r[2]}:{r[3]}" for r in rows if r[14] == "no"]

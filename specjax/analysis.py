@@ -75,14 +75,19 @@ def walltime_speedup(alpha: float, k: int, c: float, verify_cost: VerifyCost = 1
     return float(expected_tokens_per_step(alpha, k)) / (k * c + verify_cost_at(verify_cost, k))
 
 
-def speedup_from_tau(tau: float, draft_cost: float, verify_cost: float = 1.0) -> float:
+def speedup_from_tau(tau: float, draft_cost: float, verify_cost: float = 1.0,
+                     one_position_share: float = 0.0) -> float:
     """Speedup for any drafter (chain or tree) from a measured tau and measured costs.
 
     draft_cost: total drafting cost per step in plain-decode-step units (k c for a chain; depth c for an EAGLE
     tree whose levels are one batched draft pass each; ~0 for prompt lookup).
     verify_cost: cost of the target pass over all drafted positions (k+1, or T tree nodes), same units.
+    one_position_share: the steps' share that verified one position because nothing was drafted (they cost the
+    drafter's proposal and one decode step); tau counts their one token too.
     """
-    return float(tau) / (draft_cost + verify_cost)
+    if not 0.0 <= one_position_share <= 1.0:
+        raise ValueError(f"one_position_share must be in [0, 1], got {one_position_share!r}")
+    return float(tau) / (draft_cost + one_position_share + (1.0 - one_position_share) * verify_cost)
 
 
 def optimal_k(alpha: float, c: float, verify_cost: VerifyCost = 1.0, k_max: int = 16) -> tuple[int, float]:

@@ -6,14 +6,17 @@ the drafter, which keeps their comparison fair. The whole generation is a single
 With an acceptance policy (SpecConfig.acceptance_rate_threshold) the batch switches to plain one-token steps for
 good once its acceptance over the last acceptance_rate_window_size speculative steps falls below the threshold
 (TensorRT-LLM's rule): the loop then exits into a second loop over the same state with the plain step.
+A drafter that reports how much it proposed (Draft.num_drafted: prompt lookup, suffix decoding, predicted
+outputs) gets a one-position step whenever no row of the batch proposed anything, rather than a verify pass over
+k + 1 positions of filler.
 
 Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
 first length - 1 of them; the last committed token is fed to the target together with the k drafts (a tree:
 as node 0 of its T = k + 1 nodes, whose accepted root-to-node path is then compacted into contiguous KV slots).
 
 In the code: `decode_loop` builds the LoopInputs (what no step changes) and the first LoopState (prefill and
-the first token), then loops `speculative_step` (and `plain_step` after a policy switch), each a function
-LoopState -> LoopState.
+the first token), then loops `speculative_step` (and `plain_step` when nothing was drafted or after a policy
+switch), each a function LoopState -> LoopState.
 """
 from __future__ import annotations
 
@@ -34,12 +37,13 @@ from specjax.verify import accept
 
 
 class DecodeStats(NamedTuple):
-    steps: jax.Array            # [B] target passes after prefill (verify passes and plain steps)
+    steps: jax.Array            # [B] target passes after prefill (verify passes and one-position steps)
     drafted: jax.Array          # [B] draft tokens proposed
     accepted: jax.Array         # [B] draft tokens accepted
     accept_hist: jax.Array      # [B, k+1] how often 0..k drafts were accepted in a speculative step
-    plain_steps: jax.Array      # [B] steps taken with speculation switched off by the acceptance policy
-    accept_trace: jax.Array     # [B, max_new_tokens] drafts accepted at loop step t; -1: inactive or plain step
+    plain_steps: jax.Array      # [B] one-position steps: the row proposed nothing (Draft.num_drafted), or the
+                                # acceptance policy switched speculation off
+    accept_trace: jax.Array     # [B, max_new_tokens] drafts accepted at loop step t; -1: inactive or one position
 
 
 class PolicyState(NamedTuple):
@@ -261,60 +265,114 @@ def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | Groupe
     return Verification(new, acc.num_accepted, out, verified)
 
 
-def _update_policy(run: LoopInputs, p: PolicyState, active: jax.Array, n: jax.Array) -> PolicyState:
-    """The window after one speculative step: active [B] rows, n [B] drafts each accepted."""
+def _update_policy(run: LoopInputs, p: PolicyState, drafting: jax.Array, n: jax.Array) -> PolicyState:
+    """The window after one speculative step: drafting [B] the active rows that proposed, n [B] drafts each
+    accepted."""
     window = run.spec.acceptance_rate_window_size
     slot = p.filled % window
-    accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(active, n, 0)))
-    drafted = p.drafted.at[slot].set(run.drafter.k * jnp.sum(active.astype(jnp.int32)))
+    accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(drafting, n, 0)))
+    drafted = p.drafted.at[slot].set(run.drafter.k * jnp.sum(drafting.astype(jnp.int32)))
     filled = p.filled + 1
     # accepted / drafted < threshold without dividing (a window of finished rows drafts nothing)
     low = (filled >= window) & (jnp.sum(accepted) < run.spec.acceptance_rate_threshold * jnp.sum(drafted))
     return PolicyState(~low, accepted, drafted, filled)
 
 
+def _step_key_pairs(run: LoopInputs, s: LoopState) -> jax.Array:
+    """[B, 2] keys of the coming step: [:, 0] proposes, [:, 1] accepts (or samples the target's token)."""
+    return jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))
+
+
+def _propose(run: LoopInputs, s: LoopState) -> tuple[Draft, Any, KVCache | GroupedKVCache]:
+    """The drafter's proposal for the coming step -> (draft, its new state, the cache the verify pass writes)."""
+    ctx, key = _context(run, s), _step_key_pairs(run, s)[:, 0]
+    if shares_target_cache(run.drafter):          # it drafts over the loop's cache, past the committed entries
+        draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
+                                                        ctx._replace(target_cache=s.cache), key, run.spec.sampling)
+        return draft, draft_state, cache.replace(lengths=s.cache.lengths)   # the verify writes from committed on
+    draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, key, run.spec.sampling)
+    return draft, draft_state, s.cache
+
+
+def _drafts_something(run: LoopInputs, s: LoopState) -> jax.Array:
+    """[] bool: some active row has a proposal for the coming step (Draft.num_drafted). The proposal is made
+    here only to choose the step's width and is dropped; the step that follows proposes again."""
+    if shares_target_cache(run.drafter):
+        raise ValueError(f"{type(run.drafter).__name__} shares the target cache, so its proposal cannot be "
+                         "made once more to choose the step's width: it must leave Draft.num_drafted None")
+    draft, _, _ = _propose(run, s)
+    return jnp.any((draft.num_drafted > 0) & ~s.done)
+
+
 def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
     """propose -> verify -> accept -> commit, for every row (a finished row commits nothing)."""
     k = run.drafter.k
-    keys = jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))   # [B, 2]: propose, accept
+    keys = _step_key_pairs(run, s)
     ctx = _context(run, s)
-    cache = s.cache
-    if shares_target_cache(run.drafter):          # it drafts over the loop's cache, past the committed entries
-        draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
-                                                        ctx._replace(target_cache=cache), keys[:, 0],
-                                                        run.spec.sampling)
-        cache = cache.replace(lengths=s.cache.lengths)   # the verify pass writes from the committed entries on
-    else:
-        draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, keys[:, 0],
-                                                 run.spec.sampling)
+    draft, draft_state, cache = _propose(run, s)
     v = _verify(run, ctx, draft, cache, keys[:, 1])
-    n = v.num_accepted                                                                # [B]
-    committed, count = _commit_tokens(run, s, v.new, n)
+    n, new = v.num_accepted, v.new                                                    # [B], [B, D+1]
+    active = ~s.done
+    drafting = active                                                                 # [B] rows that proposed
+    if draft.num_drafted is not None:
+        # A row that proposed nothing gets what a one-position step gives it (its filler is no draft): the
+        # target's token from the first position, with the same key. So its output does not depend on whether
+        # a batch mate's proposal made this step k + 1 positions wide.
+        proposed = draft.num_drafted > 0
+        n = jnp.where(proposed, n, 0)
+        own = _target_token(v.verified.out.logits[:, 0], keys[:, 1], run.spec)       # [B]
+        new = new.at[:, 0].set(jnp.where(proposed, new[:, 0], own))
+        drafting = active & proposed
+    committed, count = _commit_tokens(run, s, new, n)
     draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, v.out, v.verified)
     cache = v.out.cache.replace(lengths=s.cache.lengths + count)
-    active = ~s.done
-    a = active.astype(jnp.int32)
+    a, d = active.astype(jnp.int32), drafting.astype(jnp.int32)
     st = s.stats
-    stats = DecodeStats(st.steps + a, st.drafted + a * k, st.accepted + a * n,
-                        st.accept_hist + a[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
-                        st.plain_steps, st.accept_trace.at[:, s.step].set(jnp.where(active, n, -1)))
-    policy = None if s.policy is None else _update_policy(run, s.policy, active, n)
+    stats = DecodeStats(st.steps + a, st.drafted + d * k, st.accepted + d * n,
+                        st.accept_hist + d[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
+                        st.plain_steps + a - d, st.accept_trace.at[:, s.step].set(jnp.where(drafting, n, -1)))
+    policy = None if s.policy is None else _update_policy(run, s.policy, drafting, n)
     return committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats, policy=policy)
 
 
-def plain_step(run: LoopInputs, s: LoopState) -> LoopState:
-    """One target position per row, after the policy switched speculation off. The drafter is not run again
-    (speculation stays off), so its state is left as it was."""
-    keys = jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))   # [B, 2]; [:, 1] samples
+def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> LoopState:
+    """One target position per row: after the policy switched speculation off (the drafter is not run again, so
+    its state is left as it was), or when no row drafted anything (commit_drafter: the drafter's commit sees the
+    one committed token, as Draft.num_drafted's contract says)."""
+    keys = _step_key_pairs(run, s)                                                    # [:, 1] samples
     ctx = _context(run, s)
-    out = forward(run.target_params, run.cfg, last_tokens(ctx, 1), s.cache, implementation=run.spec.implementation)
+    tokens = last_tokens(ctx, 1)                                                      # [B, 1]
+    out = forward(run.target_params, run.cfg, tokens, s.cache,
+                  hidden_layers=run.target_layers if commit_drafter else (), implementation=run.spec.implementation)
     nxt = _target_token(out.logits[:, 0], keys[:, 1], run.spec)                      # [B]
     n = jnp.zeros(nxt.shape, jnp.int32)                                               # no drafts accepted
     committed, count = _commit_tokens(run, s, nxt[:, None], n)
+    draft_state = s.draft_state
+    if commit_drafter:
+        draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, out,
+                                         Verified(tokens, None, out))
     cache = out.cache.replace(lengths=s.cache.lengths + count)
     a = (~s.done).astype(jnp.int32)
     stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a)
-    return committed._replace(cache=cache, step=s.step + 1, stats=stats)
+    return committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats)
+
+
+def _speculation_loop(run: LoopInputs, state: LoopState, speculating) -> LoopState:
+    """Speculative steps while running and speculating(s) ([] bool). A drafter that says how much it drafted
+    (Draft.num_drafted) gets the step's width chosen per step: k + 1 positions when some active row proposed
+    something, else a one-position step. Nested while loops rather than a lax.cond per step: the carried KV
+    cache stays in place (decode_loop says why)."""
+    keep_going = lambda s: _running(run, s) & speculating(s)
+    speculate = functools.partial(speculative_step, run)
+    if _propose(run, state)[0].num_drafted is None:      # traced for its structure only (unused: compiled out)
+        return lax.while_loop(keep_going, speculate, state)
+    drafts = functools.partial(_drafts_something, run)
+    one_position = functools.partial(plain_step, run, commit_drafter=True)
+
+    def wide_then_narrow(s):   # each inner loop runs until the width changes, so every pass advances
+        s = lax.while_loop(lambda s: keep_going(s) & drafts(s), speculate, s)
+        return lax.while_loop(lambda s: _running(run, s) & ~drafts(s), one_position, s)
+    return lax.while_loop(keep_going, wide_then_narrow, state)
 
 
 def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups: tuple[tuple[int, int], ...],
@@ -356,13 +414,11 @@ def decode_loop(target_params: dict, draft_params: Any, prompts: jax.Array, prom
     run = LoopInputs(target_params, draft_params, prompt_lengths, request_keys, eos_id, layers, exposed, cfg,
                      drafter, spec)
     state = _initial_state(run, prompts, buffer_len, prefill_groups or (prompts.shape,), prefill_order, cache_sizes)
-    running = functools.partial(_running, run)
-    speculate = functools.partial(speculative_step, run)
     if state.policy is None:
-        final = lax.while_loop(running, speculate, state)
+        final = _speculation_loop(run, state, lambda s: jnp.bool_(True))
     else:
         # Two loops in sequence rather than a lax.cond per step: a cond's branches are separate computations
         # whose carried KV cache XLA copies in and out, which cost a plain step up to a third at batch 32.
-        speculated = lax.while_loop(lambda s: running(s) & s.policy.speculating, speculate, state)
-        final = lax.while_loop(running, functools.partial(plain_step, run), speculated)
+        speculated = _speculation_loop(run, state, lambda s: s.policy.speculating)
+        final = lax.while_loop(functools.partial(_running, run), functools.partial(plain_step, run), speculated)
     return final.tokens, final.num_new, final.stats

@@ -34,6 +34,19 @@ def test_walltime_speedup_leviathan():
     assert an.walltime_speedup(a, k, c) == pytest.approx((1 - a ** (k + 1)) / ((1 - a) * (k * c + 1)))
 
 
+def test_speedup_from_tau_with_one_position_steps():
+    """A step that drafted nothing costs the proposal and one decode step, not a verify pass."""
+    tau, k, c, vcost = 2.2, 4, 0.05, 1.3
+    assert an.speedup_from_tau(tau, k * c, vcost) == pytest.approx(tau / (k * c + vcost))
+    assert an.speedup_from_tau(tau, k * c, vcost, 0.0) == pytest.approx(
+        an.walltime_speedup(an.alpha_from_tau(tau, k), k, c, vcost))
+    assert an.speedup_from_tau(1.0, 0.0, vcost, 1.0) == pytest.approx(1.0)      # every step one position: plain
+    # 40% of steps one position: (0.4 + 0.6 * 1.3 + 0.2) per step
+    assert an.speedup_from_tau(tau, k * c, vcost, 0.4) == pytest.approx(tau / 1.38)
+    with pytest.raises(ValueError, match="one_position_share"):
+        an.speedup_from_tau(tau, k * c, vcost, 1.5)
+
+
 def test_verify_cost_forms_agree():
     curve = {1: 1.0, 3: 1.1, 5: 1.3, 9: 2.0}          # T = k + 1 verified positions -> cost ratio
     s_dict = an.walltime_speedup(0.8, 4, 0.1, curve)

@@ -58,10 +58,21 @@ class Verified(NamedTuple):
 class Draft(NamedTuple):
     """A chain (tree None): tokens [B, k], probs [B, k, V] the distributions they were sampled from.
     A tree: tokens = tree.tokens[:, 1:] (the drafted nodes), probs [B, T, V] per node t the distribution
-    t's children were sampled from without replacement (verify.tree_sampled case b). None = deterministic."""
+    t's children were sampled from without replacement (verify.tree_sampled case b). None = deterministic.
+
+    num_drafted: how many of the k drafts are proposals (the rest fill the fixed shape and are verified like any
+    draft, so they never change the output). A drafter that can find nothing to propose (prompt lookup without a
+    match) sets it; when no active row of the batch proposed anything, the loop takes a one-position step (the
+    target's next token, as plain decoding does) instead of verifying k + 1 positions of filler, and a row that
+    proposed nothing in a step that others made wide gets the same token, drafts nothing and counts the step as
+    one position (so a request's output does not depend on its batch mates). Such a drafter's
+    propose must be a pure function of (state, ctx, keys) that does not share the target cache: the loop calls it
+    once more per step to choose the step's width. Its commit is called after one-position steps too, with
+    num_accepted 0 and the target output and Verified of that one position (T = 1, parents None)."""
     tokens: jax.Array                 # [B, k] proposed continuation of the committed sequence
     probs: jax.Array | None = None    # chain [B, k, V] / tree [B, T, V]; None = deterministic drafts
     tree: Tree | None = None          # T = k + 1 nodes; node 0 is the last committed token
+    num_drafted: jax.Array | None = None   # [B] int32 proposals among the k (a tree: its first nodes); None: all k
 
 
 class Drafter(Protocol):

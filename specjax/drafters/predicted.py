@@ -53,7 +53,8 @@ class PredictedDrafter:
     def propose(self, params, pointer, ctx, keys, sp):
         pred, pred_len = params
         draft = jax.vmap(lambda p, l, s: continuation(p, l, s, self.k))(pred, pred_len, pointer)
-        return Draft(draft.astype(jnp.int32)), pointer
+        proposed = jnp.clip(pred_len - pointer, 0, self.k).astype(jnp.int32)     # [B] prediction left
+        return Draft(draft.astype(jnp.int32), num_drafted=proposed), pointer
 
     def commit(self, params, pointer, ctx: Context, num_accepted, target_out, verified):
         pred, pred_len = params

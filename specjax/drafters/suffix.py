@@ -190,7 +190,8 @@ class SuffixDrafter:
         tree = jax.vmap(lambda s, q, r: propose_row(s, q, r, self.k, self.depth, self.max_spec_factor,
                                                     self.min_token_prob))(src, query, root)
         tree = dataclasses.replace(tree, max_depth=self.depth)   # vmap keeps the static field; restate it
-        return Draft(tree.tokens[:, 1:], None, tree), state
+        proposed = jnp.sum(tree.source[:, 1:] >= 0, axis=1).astype(jnp.int32)   # [B] real nodes (listed first)
+        return Draft(tree.tokens[:, 1:], None, tree, proposed), state
 
     def commit(self, params, state, ctx, num_accepted, target_out, verified):
         return state
