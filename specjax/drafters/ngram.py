@@ -27,12 +27,12 @@ def match_ends(source: jax.Array, source_len: jax.Array, query: jax.Array) -> ja
 
 def lookup(source: jax.Array, source_len: jax.Array, query: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Latest earlier occurrence of `query` (which is the tail of `source[:source_len]` itself, so that
-    occurrence cannot match: it has no continuation) -> (found [] int32: how many tokens followed it, at most k,
-    0 = no occurrence; continuation [k]), the continuation clipped to the valid part (the last valid token
+    occurrence cannot match: it has no continuation) -> (following [] int32: how many tokens followed it, at most
+    k, 0 = no occurrence; continuation [k]), the continuation clipped to the valid part (the last valid token
     repeats)."""
     e = jnp.max(jnp.where(match_ends(source, source_len, query), jnp.arange(source.shape[0]), -1))
-    found = jnp.where(e >= 0, jnp.clip(source_len - e, 0, k), 0).astype(jnp.int32)
-    return found, continuation(source, source_len, e, k)
+    following = jnp.where(e >= 0, jnp.clip(source_len - e, 0, k), 0).astype(jnp.int32)
+    return following, continuation(source, source_len, e, k)
 
 
 def continuation(source: jax.Array, source_len: jax.Array, start: jax.Array, k: int) -> jax.Array:
@@ -54,14 +54,14 @@ class NgramDrafter:
     def propose(self, params, state, ctx: Context, keys, sp):
         k = self.k
         query = last_tokens(ctx, self.max_n)                                    # [B, max_n]
-        found = jnp.zeros(ctx.length.shape, jnp.int32)                        # [B] tokens proposed
+        proposed = jnp.zeros(ctx.length.shape, jnp.int32)                     # [B] tokens proposed
         proposal = jnp.repeat(query[:, -1:], k, axis=1)                         # fallback: repeat last token
         for n in range(self.max_n, self.min_n - 1, -1):                        # longest match first
             f, cont = jax.vmap(lambda s, l, q: lookup(s, l, q, k))(ctx.tokens, ctx.length, query[:, -n:])
-            take = (f > 0) & (found == 0)
+            take = (f > 0) & (proposed == 0)
             proposal = jnp.where(take[:, None], cont, proposal)
-            found = jnp.where(take, f, found)
-        return Draft(proposal.astype(jnp.int32), num_drafted=found), state
+            proposed = jnp.where(take, f, proposed)
+        return Draft(proposal.astype(jnp.int32), num_drafted=proposed), state
 
     def commit(self, params, state, ctx, num_accepted, target_out, verified):
         return state
