@@ -45,7 +45,12 @@ def main(methods: list[str]) -> None:
     assert jax.device_count() == 8, jax.devices()
     target = tiny_model(0, vocab=VOCAB, hidden=64, heads=8, kv_heads=2)
     draft = perturbed(target, 0.02)                         # accepts some drafts, rejects others
-    prompts = ragged_prompts(5, vocab=VOCAB, seed=5)         # 5 rows: padded on every data axis > 1
+    # 5 rows: padded on every data axis > 1. Each prompt is text, its greedy continuation, and the text again (a
+    # revision of earlier output: prompt lookup's case), so that prompt lookup both accepts and rejects on this
+    # random toy, whose own output repeats nothing.
+    text = ragged_prompts(5, vocab=VOCAB, seed=5)
+    continued = specjax.generate(target, text, SpecConfig(max_new_tokens=MAX_NEW)).tokens
+    prompts = [list(t) + list(c) + list(t) for t, c in zip(text, continued)]
     out: dict = {"tokens": {}, "stats": {}, "memory": {}}
     for method in methods:
         if method in METHODS:

@@ -42,8 +42,10 @@ def test_engines_emit_identical_tokens(checkpoints):
     target_dir, draft_dir = checkpoints
     for e in engines.values():
         e.load(target_dir, {"draft_model": draft_dir})
-    # A repeated span, so prompt lookup finds matches from the first step.
-    prompt = [5, 17, 99, 42, 7, 5, 17, 99, 42, 7, 5, 17]
+    # Text, its greedy continuation and the text again (a revision of earlier output), so that prompt lookup finds
+    # the continuation: this random toy repeats nothing of its own accord.
+    text = [5, 17, 99, 42, 7, 61, 3, 28]
+    prompt = text + engines["specjax"].generate([text], Method("plain", max_new_tokens=8)).tokens[0] + text
     names = ("plain", "draft_model", "ngram")             # eagle3: tests/test_eagle.py, and vLLM's worker below
     methods = [Method(m, max_new_tokens=8, k=4) for m in names]
     rows, outputs = compare(engines, {1: [[prompt]]}, methods, rounds=1)
