@@ -54,6 +54,12 @@ class SpecConfig:
     draft_len_schedule: Any = None
     acceptance_rate_threshold: float | None = None
     acceptance_rate_window_size: int = ACCEPTANCE_RATE_WINDOW
+    # Confidence-gated drafting (a chain): a row proposes only the leading drafts whose running product of the
+    # drafter's top probabilities (Draft.confidence) stays >= this, and a step in which no active row proposes
+    # anything verifies one position, not k + 1 (a step that costs a decode step, not a verify pass). The
+    # drafts are still verified exactly: greedy output stays plain greedy output and sampled output keeps the
+    # target's distribution. None: every step verifies k + 1.
+    draft_confidence_threshold: float | None = None
 
     def __post_init__(self):
         spec = registry.get(self.method)
@@ -144,6 +150,12 @@ class SpecConfig:
         object.__setattr__(self, "drafter_options", tuple(sorted(opts.items())) or None)
 
     def _validate_policy(self) -> None:
+        c = self.draft_confidence_threshold
+        if c is not None:
+            if not isinstance(c, (int, float)) or isinstance(c, bool) or not 0 < c <= 1:
+                raise ValueError(f"draft_confidence_threshold must be in (0, 1] (a probability), got {c!r}")
+            if self.is_tree:
+                raise ValueError("draft_confidence_threshold applies to chains; a tree verifies all its nodes")
         t, w = self.acceptance_rate_threshold, self.acceptance_rate_window_size
         if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= 1):
             raise ValueError(f"acceptance_rate_threshold must be in [0, 1] (accepted / drafted), got {t!r}")

@@ -1,4 +1,6 @@
 """generate()'s compiled program: prefill, then ONE lax.while_loop over (propose -> verify -> accept -> commit).
+The proposal for a step is made at the end of the step before (after its commit; after prefill for the first), so
+it is in the loop state when the step starts and the step's width can be chosen from it.
 
 Plain decoding is this loop with the null drafter (k = 0): baseline and speculative runs share every line except
 the drafter, which keeps their comparison fair. The whole generation is a single compiled XLA program.
@@ -7,8 +9,9 @@ With an acceptance policy (SpecConfig.acceptance_rate_threshold) the batch switc
 good once its acceptance over the last acceptance_rate_window_size speculative steps falls below the threshold
 (TensorRT-LLM's rule): the loop then exits into a second loop over the same state with the plain step.
 A drafter that reports how much it proposed (Draft.num_drafted: prompt lookup, suffix decoding, predicted
-outputs) gets a one-position step whenever no row of the batch proposed anything, rather than a verify pass over
-k + 1 positions of filler.
+outputs; any chain drafter under SpecConfig.draft_confidence_threshold) gets a one-position step whenever no row
+of the batch proposed anything, rather than a verify pass over k + 1 positions of filler; the proposal is made
+once per step either way.
 
 Invariant at the top of each iteration, per row: `tokens[:length]` are committed; the target cache holds the
 first length - 1 of them; the last committed token is fed to the target together with the k drafts (a tree:
@@ -61,7 +64,8 @@ class LoopState(NamedTuple):
     num_new: jax.Array          # [B] tokens generated so far (at most max_new_tokens)
     done: jax.Array             # [B] bool: the row hit EOS or its budget and commits nothing more
     cache: KVCache | GroupedKVCache   # the target's; grouped: a ragged batch's prefill groups (prefill_forward)
-    draft_state: Any            # the drafter's own carry (init -> propose -> commit)
+    draft_state: Any            # the drafter's own carry (init -> propose -> commit), as `pending`'s propose left it
+    pending: Draft | None       # the drafter's proposal for the coming step (made when the last step committed)
     step: jax.Array             # [] int32 loop steps taken
     stats: DecodeStats
     policy: PolicyState | None  # None: no acceptance policy (one loop, no switch)
@@ -283,34 +287,49 @@ def _step_key_pairs(run: LoopInputs, s: LoopState) -> jax.Array:
     return jax.vmap(lambda key: jax.random.split(key))(_step_keys(run, s.step + 1))
 
 
-def _propose(run: LoopInputs, s: LoopState) -> tuple[Draft, Any, KVCache | GroupedKVCache]:
-    """The drafter's proposal for the coming step -> (draft, its new state, the cache the verify pass writes)."""
+def _propose_ahead(run: LoopInputs, s: LoopState) -> LoopState:
+    """s with the drafter's proposal for the coming step in `pending` (and its draft state; a drafter sharing the
+    target cache drafts over it past the committed entries, which the verify pass then overwrites)."""
     ctx, key = _context(run, s), _step_key_pairs(run, s)[:, 0]
-    if shares_target_cache(run.drafter):          # it drafts over the loop's cache, past the committed entries
+    if shares_target_cache(run.drafter):
         draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
                                                         ctx._replace(target_cache=s.cache), key, run.spec.sampling)
-        return draft, draft_state, cache.replace(lengths=s.cache.lengths)   # the verify writes from committed on
-    draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, key, run.spec.sampling)
-    return draft, draft_state, s.cache
+        s = s._replace(cache=cache.replace(lengths=s.cache.lengths))
+    else:
+        draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, key, run.spec.sampling)
+    return s._replace(pending=_gate_by_confidence(run, draft), draft_state=draft_state)
 
 
-def _drafts_something(run: LoopInputs, s: LoopState) -> jax.Array:
-    """[] bool: some active row has a proposal for the coming step (Draft.num_drafted). The proposal is made
-    here only to choose the step's width and is dropped; the step that follows proposes again."""
-    if shares_target_cache(run.drafter):
-        raise ValueError(f"{type(run.drafter).__name__} shares the target cache, so its proposal cannot be "
-                         "made once more to choose the step's width: it must leave Draft.num_drafted None")
-    draft, _, _ = _propose(run, s)
-    return jnp.any((draft.num_drafted > 0) & ~s.done)
+def _gate_by_confidence(run: LoopInputs, draft: Draft) -> Draft:
+    """The draft as the loop carries it: with SpecConfig.draft_confidence_threshold, num_drafted cut to the
+    leading drafts whose running product of confidences stays at or above it; the confidences themselves are
+    dropped (never carried, so a drafter's computing them is compiled out when nothing reads them). What changes a
+    step is only whether a row proposes anything, which reads the first position's top probability: a function
+    of the committed context, not of a sampled draft, so the verification that follows stays exact."""
+    threshold = run.spec.draft_confidence_threshold
+    if threshold is None:
+        return draft._replace(confidence=None)
+    if draft.confidence is None:
+        raise ValueError(f"draft_confidence_threshold: method={run.spec.method!r} does not report the confidence of "
+                         "its drafts (Draft.confidence), so it cannot be gated by it")
+    confident = jnp.sum(jnp.cumprod(draft.confidence, axis=1) >= threshold, axis=1).astype(jnp.int32)   # [B]
+    num_drafted = confident if draft.num_drafted is None else jnp.minimum(draft.num_drafted, confident)
+    return draft._replace(num_drafted=num_drafted, confidence=None)
+
+
+def _drafts_something(s: LoopState) -> jax.Array:
+    """[] bool: some active row has a proposal for the coming step (Draft.num_drafted)."""
+    return jnp.any((s.pending.num_drafted > 0) & ~s.done)
 
 
 def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
-    """propose -> verify -> accept -> commit, for every row (a finished row commits nothing)."""
+    """verify the pending proposal -> accept -> commit, for every row (a finished row commits nothing), then
+    propose for the next step."""
     k = run.drafter.k
     keys = _step_key_pairs(run, s)
     ctx = _context(run, s)
-    draft, draft_state, cache = _propose(run, s)
-    v = _verify(run, ctx, draft, cache, keys[:, 1])
+    draft = s.pending
+    v = _verify(run, ctx, draft, s.cache, keys[:, 1])
     n, new = v.num_accepted, v.new                                                    # [B], [B, D+1]
     active = ~s.done
     drafting = active                                                                 # [B] rows that proposed
@@ -324,7 +343,8 @@ def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
         new = new.at[:, 0].set(jnp.where(proposed, new[:, 0], own))
         drafting = active & proposed
     committed, count = _commit_tokens(run, s, new, n)
-    draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, v.out, v.verified)
+    draft_state = run.drafter.commit(run.draft_params, s.draft_state, _context(run, committed), n, v.out,
+                                     v.verified)
     cache = v.out.cache.replace(lengths=s.cache.lengths + count)
     a, d = active.astype(jnp.int32), drafting.astype(jnp.int32)
     st = s.stats
@@ -332,13 +352,14 @@ def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
                         st.accept_hist + d[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
                         st.plain_steps + a - d, st.accept_trace.at[:, s.step].set(jnp.where(drafting, n, -1)))
     policy = None if s.policy is None else _update_policy(run, s.policy, drafting, n)
-    return committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats, policy=policy)
+    return _propose_ahead(run, committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1,
+                                                  stats=stats, policy=policy))
 
 
 def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> LoopState:
     """One target position per row: after the policy switched speculation off (the drafter is not run again, so
-    its state is left as it was), or when no row drafted anything (commit_drafter: the drafter's commit sees the
-    one committed token, as Draft.num_drafted's contract says)."""
+    its state is left as it was), or when no row proposed anything (commit_drafter: the drafter's commit sees the
+    one committed token, as Draft.num_drafted's contract says, and it proposes for the next step)."""
     keys = _step_key_pairs(run, s)                                                    # [:, 1] samples
     ctx = _context(run, s)
     tokens = last_tokens(ctx, 1)                                                      # [B, 1]
@@ -354,7 +375,8 @@ def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> L
     cache = out.cache.replace(lengths=s.cache.lengths + count)
     a = (~s.done).astype(jnp.int32)
     stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a)
-    return committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats)
+    s = committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats)
+    return _propose_ahead(run, s) if commit_drafter else s
 
 
 def _speculation_loop(run: LoopInputs, state: LoopState, speculating) -> LoopState:
@@ -364,20 +386,20 @@ def _speculation_loop(run: LoopInputs, state: LoopState, speculating) -> LoopSta
     cache stays in place (decode_loop says why)."""
     keep_going = lambda s: _running(run, s) & speculating(s)
     speculate = functools.partial(speculative_step, run)
-    if _propose(run, state)[0].num_drafted is None:      # traced for its structure only (unused: compiled out)
+    if state.pending.num_drafted is None:
         return lax.while_loop(keep_going, speculate, state)
-    drafts = functools.partial(_drafts_something, run)
     one_position = functools.partial(plain_step, run, commit_drafter=True)
 
     def wide_then_narrow(s):   # each inner loop runs until the width changes, so every pass advances
-        s = lax.while_loop(lambda s: keep_going(s) & drafts(s), speculate, s)
-        return lax.while_loop(lambda s: _running(run, s) & ~drafts(s), one_position, s)
+        s = lax.while_loop(lambda s: keep_going(s) & _drafts_something(s), speculate, s)
+        return lax.while_loop(lambda s: _running(run, s) & ~_drafts_something(s), one_position, s)
     return lax.while_loop(keep_going, wide_then_narrow, state)
 
 
 def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups: tuple[tuple[int, int], ...],
                    order: jax.Array | None, cache_sizes: tuple[int, ...] | None) -> LoopState:
-    """Prefill (prefill_forward), the first token from its logits, the drafter's init, empty stats."""
+    """Prefill (prefill_forward), the first token from its logits, the drafter's init and first proposal, empty
+    stats."""
     B, P = prompts.shape
     k, spec = run.drafter.k, run.spec
     max_new = spec.max_new_tokens
@@ -393,10 +415,11 @@ def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups:
     window = spec.acceptance_rate_window_size
     policy = None if spec.acceptance_rate_threshold is None else PolicyState(
         jnp.bool_(True), jnp.zeros((window,), jnp.int32), jnp.zeros((window,), jnp.int32), jnp.int32(0))
-    return LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == run.eos_id) | (max_new <= 1),
-                     prefill.cache.replace(lengths=run.prompt_lengths), draft_state, jnp.int32(0),
-                     DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
-                                 jnp.full((B, max_new), -1, jnp.int32)), policy)
+    state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == run.eos_id) | (max_new <= 1),
+                      prefill.cache.replace(lengths=run.prompt_lengths), draft_state, None, jnp.int32(0),
+                      DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
+                                  jnp.full((B, max_new), -1, jnp.int32)), policy)
+    return _propose_ahead(run, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "spec", "buffer_len", "prefill_groups", "cache_sizes"))

@@ -88,15 +88,16 @@ def test_greedy_equals_plain(target, baselines, name, k, batch, eos):
 _sampled: dict = {}
 
 
-def sampled_run(name: str, case: Case, fresh: bool = False):
-    """-> (config, result) of factory `name` at SP, 8 new tokens per request (computed once per factory)."""
-    if fresh or name not in _sampled:
+def sampled_run(name: str, case: Case, fresh: bool = False, gate: float | None = None):
+    """-> (config, result) of factory `name` at SP, 8 new tokens per request (computed once per factory and
+    draft_confidence_threshold `gate`)."""
+    if fresh or (name, gate) not in _sampled:
         out = run(name, case, seed=11, max_new_tokens=8, temperature=SP.temperature, top_k=SP.top_k,
-                  top_p=SP.top_p)
+                  top_p=SP.top_p, draft_confidence_threshold=gate)
         if fresh:
             return out
-        _sampled[name] = out
-    return _sampled[name]
+        _sampled[name, gate] = out
+    return _sampled[name, gate]
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in SAMPLED_FAST else [pytest.mark.slow])

@@ -65,14 +65,20 @@ class Draft(NamedTuple):
     match) sets it; when no active row of the batch proposed anything, the loop takes a one-position step (the
     target's next token, as plain decoding does) instead of verifying k + 1 positions of filler, and a row that
     proposed nothing in a step that others made wide gets the same token, drafts nothing and counts the step as
-    one position (so a request's output does not depend on its batch mates). Such a drafter's
-    propose must be a pure function of (state, ctx, keys) that does not share the target cache: the loop calls it
-    once more per step to choose the step's width. Its commit is called after one-position steps too, with
-    num_accepted 0 and the target output and Verified of that one position (T = 1, parents None)."""
+    one position (so a request's output does not depend on its batch mates). The loop proposes for a step as
+    soon as the step before committed, so it knows the width before the step; propose and commit still
+    alternate, one each per step. Commit is called after one-position steps too, with num_accepted 0 and the
+    target output and Verified of that one position (T = 1, parents None).
+
+    confidence: a chain drafter's top probability at each draft position (pick_tokens gives it). With
+    SpecConfig.draft_confidence_threshold the loop takes as proposed only the leading drafts whose running product
+    of confidences stays at or above the threshold (num_drafted, as above); without it the field is dropped before
+    the loop carries the draft, so it costs nothing."""
     tokens: jax.Array                 # [B, k] proposed continuation of the committed sequence
     probs: jax.Array | None = None    # chain [B, k, V] / tree [B, T, V]; None = deterministic drafts
     tree: Tree | None = None          # T = k + 1 nodes; node 0 is the last committed token
     num_drafted: jax.Array | None = None   # [B] int32 proposals among the k (a tree: its first nodes); None: all k
+    confidence: jax.Array | None = None    # [B, k] the drafter's top probability per position; None: unknown
 
 
 class Drafter(Protocol):
@@ -137,13 +143,27 @@ def _build_null(req: BuildRequest):
 register(DrafterSpec("none", _build_null, speculates=False))
 
 
-def pick_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
-    """A draft token per row from logits [B, V]: the argmax when greedy (probs None), else a sample from the
-    shared sampling transform's distribution, returned as q [B, V] for speculative sampling. key: [B] keys."""
+def pick_tokens(logits: jax.Array, key: jax.Array,
+                sp: SamplingParams) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """A draft token per row from logits [..., V] -> (tokens [...], q, confidence [...]): the argmax when greedy
+    (q None), else a sample from the shared sampling transform's distribution, returned as q [..., V] for
+    speculative sampling; confidence is draft_confidence's. key: one key per row (the leading axes)."""
     if sp.greedy:
-        return jnp.argmax(logits, -1).astype(jnp.int32), None
+        tokens = jnp.argmax(logits, -1).astype(jnp.int32)
+        return tokens, None, draft_confidence(logits)
     probs = probabilities(logits, sp)
-    return jax.vmap(sample)(key, probs), probs
+    tokens = jax.vmap(sample)(key, probs)
+    return tokens, probs, draft_confidence(logits, probs)
+
+
+def draft_confidence(logits: jax.Array, probs: jax.Array | None = None) -> jax.Array:
+    """logits [..., V] -> [...]: the top probability of the distribution a draft was picked from (probs [..., V]
+    when sampled; greedy: the softmax of the logits). A function of the distribution, never of the sampled token:
+    verifying a sampled draft or not according to the token drawn would bias the output (a test plants it)."""
+    if probs is not None:
+        return jnp.max(probs, axis=-1)
+    logits = logits.astype(jnp.float32)
+    return jnp.exp(jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1))
 
 
 def last_tokens(ctx: Context, n: int) -> jax.Array:

@@ -253,9 +253,9 @@ class DFlashDrafter:
             return Draft(tree.tokens[:, 1:], None, tree), cache
         k = self.k
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k]
-        tokens, probs = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
+        tokens, probs, confidence = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
             logits, step_keys)
-        return Draft(tokens, probs), cache
+        return Draft(tokens, probs, confidence=confidence), cache
 
     def _tree(self, logits: jax.Array, root: jax.Array):
         """The token tree from the block's per-position distributions (DDTree's idea), which do not depend on the

@@ -22,13 +22,13 @@ from jax import lax
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
 from specjax.models.llama import forward, kv_heads
 from specjax.models.model import Model, load_model
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec
 
 
@@ -72,11 +72,7 @@ class DraftModelDrafter:
     def _step(self, params, cache, tokens, key, sp: SamplingParams):
         out = forward(params, self.config, tokens, cache, implementation=self.implementation)
         cache = out.cache.replace(lengths=cache.lengths + tokens.shape[1])
-        logits = out.logits[:, -1]                                              # [B, V]
-        if sp.greedy:
-            return cache, jnp.argmax(logits, -1).astype(jnp.int32), None
-        probs = probabilities(logits, sp)
-        return cache, jax.vmap(sample)(key, probs), probs
+        return (cache,) + pick_tokens(out.logits[:, -1], key, sp)                # tokens [B], q, confidence
 
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         if self.is_tree:
@@ -87,7 +83,7 @@ class DraftModelDrafter:
         # by more than one only when all k drafts were accepted (the k-th was never fed): catch up with a T=2
         # step then (for every row, which is harmless), else a T=1 step (on CPU a 2-row step costs ~2 1-row ones).
         behind = jnp.any(ctx.length - 1 > cache.lengths)
-        cache, tok, probs = lax.cond(
+        cache, tok, probs, conf = lax.cond(
             behind,
             lambda c: self._step(params, c.replace(lengths=ctx.length - 2), last_tokens(ctx, 2), step_keys[:, 0], sp),
             lambda c: self._step(params, c.replace(lengths=ctx.length - 1), last_tokens(ctx, 1), step_keys[:, 0], sp),
@@ -95,15 +91,14 @@ class DraftModelDrafter:
 
         def body(carry, key_i):
             cache, tok = carry
-            cache, nxt, p = self._step(params, cache, tok[:, None], key_i, sp)
-            return (cache, nxt), (nxt, p)
+            cache, nxt, p, c = self._step(params, cache, tok[:, None], key_i, sp)
+            return (cache, nxt), (nxt, p, c)
 
-        (cache, _), (rest, rest_p) = jax.lax.scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1))
-        tokens = jnp.concatenate([tok[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)    # [B, k]
-        if sp.greedy:
-            return Draft(tokens), cache
-        all_p = jnp.concatenate([probs[:, None], jnp.swapaxes(rest_p, 0, 1)], axis=1)  # [B, k, V]
-        return Draft(tokens, all_p), cache
+        (cache, _), rest = jax.lax.scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1))
+        tokens, probs, confidence = (None if first is None else
+                                     jnp.concatenate([first[:, None], jnp.swapaxes(later, 0, 1)], axis=1)
+                                     for first, later in zip((tok, probs, conf), rest))        # [B, k, ...]
+        return Draft(tokens, probs, confidence=confidence), cache
 
     def _propose_tree(self, params, cache: KVCache, ctx: Context) -> tuple[Draft, KVCache]:
         cache, root_logits = self._catch_up(params, cache, ctx, self.tree_depth + 1)

@@ -108,13 +108,12 @@ class LayerSkipDrafter:
         def body(carry, key_i):
             cache, tok = carry
             out = self._forward(ctx, tok[:, None], cache)
-            nxt, probs = pick_tokens(out.logits[:, -1], key_i, sp)
-            return (out.cache.replace(lengths=cache.lengths + 1), nxt), (nxt, probs)
+            nxt, probs, confidence = pick_tokens(out.logits[:, -1], key_i, sp)
+            return (out.cache.replace(lengths=cache.lengths + 1), nxt), (nxt, probs, confidence)
 
-        (cache, _), (tokens, probs) = lax.scan(body, (cache, last_tokens(ctx, 1)[:, 0]),
-                                               jnp.swapaxes(step_keys, 0, 1))
-        tokens = jnp.swapaxes(tokens, 0, 1)                                            # [B, k]
-        return Draft(tokens, None if sp.greedy else jnp.swapaxes(probs, 0, 1)), state, cache
+        (cache, _), picks = lax.scan(body, (cache, last_tokens(ctx, 1)[:, 0]), jnp.swapaxes(step_keys, 0, 1))
+        tokens, probs, confidence = (None if x is None else jnp.swapaxes(x, 0, 1) for x in picks)   # [B, k, ...]
+        return Draft(tokens, probs, confidence=confidence), state, cache
 
     def _propose_tree(self, ctx: Context, cache):
         root = last_tokens(ctx, 1)                                                     # [B, 1]

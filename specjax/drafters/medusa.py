@@ -38,10 +38,10 @@ from jax.sharding import PartitionSpec as P
 from specjax import tree_search
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, last_tokens
+from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec, choices_from_accuracies
 
 KIND = "medusa"
@@ -133,11 +133,8 @@ class MedusaDrafter:
             cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
             tree = tree_search.static_tree_from_candidates(self.tree, last_tokens(ctx, 1)[:, 0], cand)
             return Draft(tree.tokens[:, 1:], None, tree), hidden
-        logits = logits[:, :self.k]                                             # [B, k, V]
-        if sp.greedy:
-            return Draft(jnp.argmax(logits, -1).astype(jnp.int32)), hidden
-        probs = probabilities(logits, sp)
-        return Draft(jax.vmap(sample)(keys, probs), probs), hidden                 # one draw per head
+        tokens, probs, confidence = pick_tokens(logits[:, :self.k], keys, sp)  # [B, k]: one draw per head
+        return Draft(tokens, probs, confidence=confidence), hidden
 
     def commit(self, params, hidden, ctx, num_accepted, target_out, verified):
         return jnp.take_along_axis(target_out.hidden, num_accepted[:, None, None], axis=1)[:, 0]

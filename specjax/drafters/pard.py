@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft
+from specjax.drafters.base import Context, Draft, pick_tokens
 from specjax.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, llama_param_specs, \
     prepare_llama_params
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
@@ -42,7 +42,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.hf_io import load_pretrained, save_pretrained
 from specjax.models.llama import forward
 from specjax.models.model import Model
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams
 
 MASK_TOKEN = "<|pard_mask_{}|>"
 CONFIG_KEY = "pard_mask_token_ids"
@@ -97,11 +97,10 @@ class PardDrafter:
 
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         logits, cache = self.draft_logits(params, cache, ctx)                           # [B, k, V]
-        if sp.greedy:
-            return Draft(jnp.argmax(logits, -1).astype(jnp.int32)), cache
-        probs = probabilities(logits, sp)                                                # [B, k, V]
         step_keys = jax.vmap(lambda key: jax.random.split(key, self.k))(keys)  # [B, k] keys
-        return Draft(jax.vmap(jax.vmap(sample))(step_keys, probs), probs), cache
+        tokens, probs, confidence = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
+            logits, step_keys)                                                           # [B, k, ...]
+        return Draft(tokens, probs, confidence=confidence), cache
 
     def commit(self, params, cache, ctx, num_accepted, target_out, verified):
         return cache                      # the next proposal's block feeds whatever was committed

@@ -28,8 +28,10 @@ COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "to
                  "stop_at_eos", "max_cache_len", "implementation", "drafter_options", "acceptance_method",
                  "posterior_threshold", "posterior_alpha")
 TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
-# The dynamic speculation policy's fields (specjax.config), read by every method that speculates.
-POLICY_FIELDS = ("draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size")
+# The dynamic speculation policy's fields and the confidence gate (specjax.config), read by every method that
+# speculates.
+POLICY_FIELDS = ("draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size",
+                 "draft_confidence_threshold")
 # What the loop reads of every drafter object besides its methods (specjax.drafters.base.Drafter).
 DRAFTER_ATTRIBUTES = ("k", "target_layers", "target_weights")
 

@@ -118,24 +118,23 @@ class EagleDrafter:
             return self._propose_tree(params, state, ctx)
         k = self.k
         step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)          # [B, k] keys
-        tok, p = pick_tokens(self._logits(params, ctx, state.hidden), step_keys[:, 0], sp)
+        tok, p, conf = pick_tokens(self._logits(params, ctx, state.hidden), step_keys[:, 0], sp)
         if k == 1:
-            return Draft(tok[:, None], None if p is None else p[:, None]), state
+            return Draft(tok[:, None], None if p is None else p[:, None], confidence=conf[:, None]), state
 
         def body(carry, key_i):
             cache, tok, h = carry
             out, cache = self._run(params, ctx, tok[:, None], h[:, None], cache)
             h = out[:, 0]
-            nxt, q = pick_tokens(self._logits(params, ctx, h), key_i, sp)
-            return (cache.replace(lengths=cache.lengths + 1), nxt, h), (nxt, q)
+            nxt, q, c = pick_tokens(self._logits(params, ctx, h), key_i, sp)
+            return (cache.replace(lengths=cache.lengths + 1), nxt, h), (nxt, q, c)
 
-        (cache, _, _), (rest, rest_p) = lax.scan(body, (state.cache, tok, state.hidden),
-                                                 jnp.swapaxes(step_keys[:, 1:], 0, 1))
-        tokens = jnp.concatenate([tok[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)     # [B, k]
+        (cache, _, _), rest = lax.scan(body, (state.cache, tok, state.hidden), jnp.swapaxes(step_keys[:, 1:], 0, 1))
+        tokens, probs, confidence = (None if first is None else
+                                     jnp.concatenate([first[:, None], jnp.swapaxes(later, 0, 1)], axis=1)
+                                     for first, later in zip((tok, p, conf), rest))            # [B, k, ...]
         state = EagleState(cache.replace(lengths=state.cache.lengths), state.hidden)    # drafts: stale entries
-        if sp.greedy:
-            return Draft(tokens), state
-        return Draft(tokens, jnp.concatenate([p[:, None], jnp.swapaxes(rest_p, 0, 1)], axis=1)), state
+        return Draft(tokens, probs, confidence=confidence), state
 
     def _propose_tree(self, params, state: EagleState, ctx: Context):
         root = last_tokens(ctx, 1)[:, 0]

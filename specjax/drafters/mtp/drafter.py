@@ -133,10 +133,9 @@ class MTPDrafter:
 
     @staticmethod
     def _draft(picks) -> Draft:
-        tokens = jnp.stack([p[0] for p in picks], 1)                               # [B, k]
-        if picks[0][1] is None:
-            return Draft(tokens)
-        return Draft(tokens, jnp.stack([p[1] for p in picks], 1))                  # [B, k, V]
+        tokens, probs, confidence = (None if picks[0][i] is None else jnp.stack([p[i] for p in picks], 1)
+                                     for i in range(3))                            # [B, k], [B, k, V], [B, k]
+        return Draft(tokens, probs, confidence=confidence)
 
     def commit(self, params, state: MTPState, ctx, num_accepted, target_out, verified):
         feats = self._features(target_out)
