@@ -24,6 +24,7 @@ GATED = ["draft_model", "medusa", "medusa-target_head", "eagle", "eagle3", "eagl
 # Factories whose drafts on the toy straddle the threshold below: some steps wide, some one position.
 STRADDLING = {"draft_model", "eagle3", "medusa", "mtp", "pard", "layer_skip", "eagle"}
 THRESHOLD = 0.3
+FAST = {"draft_model", "eagle3", "dflash", "layer_skip"}     # make test's share; CI's test-slow runs the rest
 
 
 def counts_agree(stats: dict, k: int, batch: int) -> None:
@@ -35,7 +36,7 @@ def counts_agree(stats: dict, k: int, batch: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("name", GATED)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in FAST else [pytest.mark.slow]) for n in GATED])
 def test_greedy_equals_plain_through_the_gate(target, baselines, name, batch):
     case = Case(target, 3, ragged_prompts(batch, seed=batch), baselines[batch])
     _, res = run(name, case, max_new_tokens=BASELINE_MAX_NEW, draft_confidence_threshold=THRESHOLD)
