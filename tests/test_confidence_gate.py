@@ -1,5 +1,5 @@
-"""Confidence-gated drafting (SpecConfig.draft_confidence_threshold): a chain drafter reports its own probability
-of each draft (Draft.confidence); a row proposes the leading drafts whose running product stays at or above the
+"""Confidence-gated drafting (SpecConfig.draft_confidence_threshold): a chain drafter reports its top probability
+at each draft position (Draft.confidence); a row proposes the leading drafts whose running product stays at or above the
 threshold, and a step where no active row proposes anything is one target position. Greedy output stays plain
 greedy output for every drafter that reports confidence; sampled output keeps the target's distribution (with a
 planted bug that must fail the same test); a request's output does not depend on its batch mates; bad settings

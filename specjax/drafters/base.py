@@ -156,6 +156,13 @@ def pick_tokens(logits: jax.Array, key: jax.Array,
     return tokens, probs, draft_confidence(logits, probs)
 
 
+def chain_of_picks(first: tuple, later: tuple) -> tuple:
+    """A chain's picks from the first pick_tokens (tokens [B], q [B, V], confidence [B]) and a lax.scan's stacked
+    later ones ([k-1, B, ...]) -> each field as [B, k, ...] (q stays None when greedy)."""
+    return tuple(None if f is None else jnp.concatenate([f[:, None], jnp.swapaxes(l, 0, 1)], axis=1)
+                 for f, l in zip(first, later))
+
+
 def draft_confidence(logits: jax.Array, probs: jax.Array | None = None) -> jax.Array:
     """logits [..., V] -> [...]: the top probability of the distribution a draft was picked from (probs [..., V]
     when sampled; greedy: the softmax of the logits). A function of the distribution, never of the sampled token:

@@ -22,7 +22,7 @@ from jax import lax
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_of_picks, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
@@ -95,9 +95,7 @@ class DraftModelDrafter:
             return (cache, nxt), (nxt, p, c)
 
         (cache, _), rest = jax.lax.scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1))
-        tokens, probs, confidence = (None if first is None else
-                                     jnp.concatenate([first[:, None], jnp.swapaxes(later, 0, 1)], axis=1)
-                                     for first, later in zip((tok, probs, conf), rest))        # [B, k, ...]
+        tokens, probs, confidence = chain_of_picks((tok, probs, conf), rest)              # [B, k, ...]
         return Draft(tokens, probs, confidence=confidence), cache
 
     def _propose_tree(self, params, cache: KVCache, ctx: Context) -> tuple[Draft, KVCache]:

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_of_picks, last_tokens, pick_tokens
 from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.eagle.checkpoint import check_target, load
 from specjax.drafters.eagle.config import EagleConfig, EagleWeights
@@ -130,9 +130,7 @@ class EagleDrafter:
             return (cache.replace(lengths=cache.lengths + 1), nxt, h), (nxt, q, c)
 
         (cache, _, _), rest = lax.scan(body, (state.cache, tok, state.hidden), jnp.swapaxes(step_keys[:, 1:], 0, 1))
-        tokens, probs, confidence = (None if first is None else
-                                     jnp.concatenate([first[:, None], jnp.swapaxes(later, 0, 1)], axis=1)
-                                     for first, later in zip((tok, p, conf), rest))            # [B, k, ...]
+        tokens, probs, confidence = chain_of_picks((tok, p, conf), rest)                  # [B, k, ...]
         state = EagleState(cache.replace(lengths=state.cache.lengths), state.hidden)    # drafts: stale entries
         return Draft(tokens, probs, confidence=confidence), state
 
