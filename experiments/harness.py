@@ -141,7 +141,7 @@ COST_BUDGET_S = 2.0       # seconds of timed calls per measured cost (experiment
 
 
 def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_new_tokens: int, is_tree: bool,
-            batch: int = 1) -> dict:
+            batch: int = 1, cost_memo: dict | None = None) -> dict:
     """The analytic speedup beside the measured one: the target's decode step t1, its (k+1)-position verify tv
     and the drafter's proposal tp measured the way the loop pays them (batch rows, the drafter and buffer that
     prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
@@ -149,7 +149,9 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     the totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
     -> c, verify_cost, alpha_fit, predicted, steady (the measured decode loop without prefills, which is what
     the formula models), one_position_share (steps that verified one position: nothing drafted), per-step
-    times in ms (model_ms_per_step: what the prediction assumes a step costs)."""
+    times in ms (model_ms_per_step: what the prediction assumes a step costs). cost_memo: the target's forward
+    costs already measured by this caller (one dict per experiment, whose targets outlive it), so rows that share
+    a target, batch, buffer and context measure them once."""
     k, sp = config.k, config.sampling
     lens = [len(prompt_ids(target, p)) for p in prompts]
     per_request = registry.get(config.method).per_request_params
@@ -159,11 +161,18 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     # Each cost: the fastest of up to 50 (prefills: 10) timed calls within COST_BUDGET_S, so a real target's
     # 30-ms step is measured in seconds, as the toy's 0.5-ms one is.
     timing = dict(batch=batch, cache_size=buf, budget_s=COST_BUDGET_S)
-    t1 = costs.forward_seconds(target, context, 1, reps=50, **timing)
-    tv = costs.forward_seconds(target, context, k + 1, reps=50, **timing)
+    memo = {} if cost_memo is None else cost_memo
+
+    def forward_seconds(context: int, T: int, **kw) -> float:
+        key = (id(target), context, T, tuple(sorted({**timing, **kw}.items())))
+        if key not in memo:
+            memo[key] = costs.forward_seconds(target, context, T, **timing, **kw)
+        return memo[key]
+    t1 = forward_seconds(context, 1, reps=50)
+    tv = forward_seconds(context, k + 1, reps=50)
     tp = costs.propose_seconds(prepared.drafter, prepared.draft_params, target, context, sp, reps=50, **timing)
     # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
-    t_pre = costs.forward_seconds(target, 0, max(lens), reps=10, inner=2, **timing)
+    t_pre = forward_seconds(0, max(lens), reps=10, inner=2)
     t_dpre = costs.init_seconds(prepared.drafter, prepared.draft_params, target, max(lens), sp, reps=10, **timing)
     c, verify_cost = tp / (k * t1), tv / t1
     # tau over the measured cost of a step in decode steps (Leviathan's formula for a chain whose acceptance is

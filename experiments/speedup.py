@@ -14,7 +14,8 @@ shipped name or directory: this row and its plain baseline run on that target), 
 of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy), and any
 drafter option of the method (e.g. `humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For
 suffix decoding `drafter=` names its global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
-Prompts are decoded one at a time (batch 1), as in the papers' tables.
+Prompts are decoded one at a time (batch 1), as in the papers' tables; the runs that share a prompt set and a
+plain baseline are timed side by side with that one baseline, in alternating rounds.
 
 Batch sweeps: `--batch_sizes=1,8,32,64` decodes, for each batch size B, the first B prompts of each run's set as ONE
 batch by plain decoding, by the run and by the dynamic policy, timed side by side (--rounds alternating rounds, the
@@ -222,80 +223,88 @@ def main(argv):
 
 
 def one_at_a_time() -> None:
-    """Every run's prompts decoded one at a time beside plain decoding; the table and its figures."""
+    """Every run's prompts decoded one at a time beside plain decoding; the table and its figures. Runs that share
+    a plain baseline (prompt set, target, the baseline's fields) are timed side by side in one alternating pass
+    with it: one plain timing per group, not one per row."""
     stem = out_stem("runs/speedup/speedup")
-    rows, baselines, prompt_sets, targets, records, plain_profiles = [], {}, {}, {}, [], {}
+    rows, targets, records, plain_profiles, groups, cost_memo = [], {}, [], {}, {}, {}
     for entry in FLAGS.runs:
         run = parse_run(entry)
-        pset, method, k, tree = run["pset"], run["method"], run["k"], run["tree"]
         if run["target"] not in targets:
             targets[run["target"]] = specjax.load_model(run["target"], weight_format=FLAGS.weight_format)
             t = targets[run["target"]]
             print(f"target {t.name}: {t.config.num_params() / 1e6:.1f}M params")
-        target = targets[run["target"]]
         # A run's own settings of what plain decoding reads too (temperature=..., stop_at_eos=...) are its plain
         # baseline's: the exactness column compares like with like.
         plain_config = spec_config("none", None, **baseline_overrides(run))
+        groups.setdefault((run["pset"], run["target"], plain_config), []).append(run)
+    for (pset, target_name, plain_config), group in groups.items():
+        target = targets[target_name]
         temperature = plain_config.temperature
-        if (pset, run["target"]) not in prompt_sets:
-            prompt_sets[(pset, run["target"])] = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
-        prompts = prompt_sets[(pset, run["target"])]
-        key = (pset, run["target"], plain_config)
-        if key not in baselines:
-            baselines[key] = run_prompts(target, prompts, [(plain_config, None)])[0]
-            tps = baselines[key][1]["tokens_per_s"]
-            print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
-                  f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
-                  + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
-                     else " read"))
-        drafter_arg = drafter_argument(target, method, baselines[key][0], run["drafter"])
-        artifact = artifact_name(method, run)
-        config = spec_config(method, k, tree, artifact, **run["overrides"])
-        k = config.k
-        base_outs = baselines[key][0]
-        # Plain decoding is timed again, interleaved with this run, for the speedup of this row.
-        (_, base), (outs, st) = run_prompts(target, prompts, [(plain_config, None), (config, drafter_arg)])
-
-        # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
-        pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree))
-        c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
-                                                                          "predicted", "steady"))
-        plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
-        tp, tv, t1 = pred["propose_ms"] / 1e3, pred["verify_ms"] / 1e3, pred["decode_ms"] / 1e3
-        share, model_ms = pred["one_position_share"], pred["model_ms_per_step"]
-        measured = st["tokens_per_s"] / base["tokens_per_s"]
-        # Sampled output matches the plain run only in distribution (tested by the conformance suite), not per token.
-        exact = ("yes" if outs == base_outs else "no") if temperature == 0 else "n/a"
-        shown = {**run["overrides"], **dict(run["overrides"].get("drafter_options") or {})}
-        shown.pop("drafter_options", None)
-        name = run["label"] or method + (f"/{tree}" if tree else "") + "".join(f"/{v}" for v in shown.values())
-        per_pos = ",".join(f"{a:.2f}" for a in st["accept_per_position"][:8])
-        records.append(dict(prompts=pset, method=name, target=target.name, temperature=temperature, k=k,
-                            alpha=st["alpha"],
-                            alpha_fit=alpha_fit, tau=st["tau"], accept_per_position=st["accept_per_position"],
-                            tokens_per_s=st["tokens_per_s"], plain_tokens_per_s=base["tokens_per_s"],
-                            speedup=measured, steady=steady, predicted=predicted, c=c, verify_cost=verify_cost,
-                            exact=exact, drafter=artifact, accept_hist=np.asarray(st["accept_hist"]).tolist(),
-                            target_passes=st["target_passes"], propose_ms=tp * 1e3, verify_ms=tv * 1e3,
-                            decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
-                            one_position_share=share, plain_passes=st["plain_passes"]))
-        print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, per-position acceptance "
-              f"{per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
-        if FLAGS.profile:
-            first = [harness.prompt_ids(target, prompts[0])]
-            one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
-            if key not in plain_profiles:                   # one per baseline, as the baselines themselves
-                plain_profiles[key] = harness.loop_profile(target, first, plain_config)
-            records[-1].update(plain_profile=plain_profiles[key], profile=harness.loop_profile(target, first,
-                                                                                               config, one))
-            print(f"    plain: {harness.profile_line(records[-1]['plain_profile'])}\n"
-                  f"    {name}: {harness.profile_line(records[-1]['profile'])}", flush=True)
-        if stem:                            # after every row, so a crash later loses nothing measured
-            write_table(records, stem, meta=flag_values("target", "runs", "num_prompts", "max_new_tokens",
-                                                        "temperature", "rounds", "drafters", "seed"))
-        rows.append((pset, temperature, name, k, st["alpha"], alpha_fit, st["tau"],
-                     st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
-                     exact, plain_ms, t1 * 1e3, step_ms, model_ms, share))
+        prompts = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
+        # Plain outputs first only where a method drafts from them (predictions: one per request).
+        needs_outputs = any(registry.get(run["method"]).per_request_params and not artifact_name(run["method"], run)
+                            for run in group)
+        plain_outputs = run_prompts(target, prompts, [(plain_config, None)])[0][0] if needs_outputs else None
+        configs, drafter_args = [], []
+        for run in group:
+            drafter_args.append(drafter_argument(target, run["method"], plain_outputs, run["drafter"]))
+            configs.append(spec_config(run["method"], run["k"], run["tree"], artifact_name(run["method"], run),
+                                       **run["overrides"]))
+        (base_outs, base), *timed = run_prompts(target, prompts, [(plain_config, None)]
+                                                + list(zip(configs, drafter_args)))
+        tps = base["tokens_per_s"]
+        print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
+              f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
+              + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
+                 else " read"))
+        key = (pset, target_name, plain_config)
+        for run, config, drafter_arg, (outs, st) in zip(group, configs, drafter_args, timed):
+            method, k, tree = run["method"], config.k, run["tree"]
+            artifact = artifact_name(method, run)
+            # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
+            pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree),
+                                   cost_memo=cost_memo)
+            c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
+                                                                              "predicted", "steady"))
+            plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
+            tp, tv, t1 = pred["propose_ms"] / 1e3, pred["verify_ms"] / 1e3, pred["decode_ms"] / 1e3
+            share, model_ms = pred["one_position_share"], pred["model_ms_per_step"]
+            measured = st["tokens_per_s"] / base["tokens_per_s"]
+            # Sampled output matches the plain run only in distribution (the conformance suite tests that), not
+            # per token.
+            exact = ("yes" if outs == base_outs else "no") if temperature == 0 else "n/a"
+            # The row's own settings; those it shares with its baseline (stop_at_eos, ...) are the group's.
+            shown = {f: v for f, v in {**run["overrides"], **dict(run["overrides"].get("drafter_options") or {})}
+                     .items() if f not in BASELINE_FIELDS + ("drafter_options",)}
+            name = run["label"] or method + (f"/{tree}" if tree else "") + "".join(f"/{v}" for v in shown.values())
+            per_pos = ",".join(f"{a:.2f}" for a in st["accept_per_position"][:8])
+            records.append(dict(prompts=pset, method=name, target=target.name, temperature=temperature, k=k,
+                                alpha=st["alpha"],
+                                alpha_fit=alpha_fit, tau=st["tau"], accept_per_position=st["accept_per_position"],
+                                tokens_per_s=st["tokens_per_s"], plain_tokens_per_s=base["tokens_per_s"],
+                                speedup=measured, steady=steady, predicted=predicted, c=c, verify_cost=verify_cost,
+                                exact=exact, drafter=artifact, accept_hist=np.asarray(st["accept_hist"]).tolist(),
+                                target_passes=st["target_passes"], propose_ms=tp * 1e3, verify_ms=tv * 1e3,
+                                decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
+                                one_position_share=share, plain_passes=st["plain_passes"]))
+            print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, "
+                  f"per-position acceptance {per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
+            if FLAGS.profile:
+                first = [harness.prompt_ids(target, prompts[0])]
+                one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
+                if key not in plain_profiles:                   # one per baseline, as the baselines themselves
+                    plain_profiles[key] = harness.loop_profile(target, first, plain_config)
+                records[-1].update(plain_profile=plain_profiles[key], profile=harness.loop_profile(target, first,
+                                                                                                   config, one))
+                print(f"    plain: {harness.profile_line(records[-1]['plain_profile'])}\n"
+                      f"    {name}: {harness.profile_line(records[-1]['profile'])}", flush=True)
+            if stem:                            # after every row, so a crash later loses nothing measured
+                write_table(records, stem, meta=flag_values("target", "runs", "num_prompts", "max_new_tokens",
+                                                            "temperature", "rounds", "drafters", "seed"))
+            rows.append((pset, temperature, name, k, st["alpha"], alpha_fit, st["tau"],
+                         st["tokens_per_s"], base["tokens_per_s"], measured, steady, predicted, c, verify_cost,
+                         exact, plain_ms, t1 * 1e3, step_ms, model_ms, share))
 
     print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau of the verify steps; c = draft "
           "cost per token / target decode step; vcost = (k+1)-position verify / 1-position decode; 1pos = share of "
