@@ -6,13 +6,16 @@ planted bug that must fail the same test); a request's output does not depend on
 are refused by name."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import specjax
 import specjax.drafters.draft_model as draft_model
 import specjax.verify as verify
 from specjax import SpecConfig
+from specjax.drafters.base import Context, chain_scan
 from conformance_factories import FACTORIES, N_SAMPLES, Case, run, sampled_pvalue, with_planted_bug
 from test_conformance import sampled_run
 from test_one_position_steps import check_counts
@@ -110,3 +113,42 @@ def test_bad_settings_are_refused(target):
     with pytest.raises(ValueError, match="method='ngram' does not report the confidence"):
         specjax.generate(target, prompts, SpecConfig(method="ngram", num_speculative_tokens=3, max_new_tokens=4,
                                                      draft_confidence_threshold=0.5))
+
+
+def test_a_gated_chain_stops_once_no_row_can_be_verified():
+    """base.chain_scan: under the gate the chain's positions stop once every row's running product of confidences
+    has fallen below the threshold (the loop verifies none past that); the positions computed are the scan's,
+    the rest filler the gate cuts (confidence 0; q a point mass, so even an unguarded verifier stays exact)."""
+    conf = jnp.array([[0.9, 0.5, 0.9, 0.9, 0.9, 0.9],        # row 0: 0.9 * 0.9 = 0.81, then 0.405 at step 2
+                      [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])       # row 1: 0.81, 0.73, 0.66, 0.59 < 0.6 at step 4
+    V = 5
+
+    def body(carry, key):
+        i, calls = carry
+        c = conf[:, i]
+        probs = jax.nn.one_hot(jnp.full((2,), i % V), V) * 0.5 + 0.1
+        return (i + 1, calls + 1), (jnp.full((2,), 7 + i, jnp.int32), probs, c)
+
+    keys = jnp.zeros((6, 2), jnp.uint32)
+    ctx = lambda t: Context(jnp.zeros((2, 4), jnp.int32), jnp.ones(2, jnp.int32), jnp.ones(2, jnp.int32),
+                            draft_confidence_threshold=t)
+    first = jnp.array([0.9, 0.9])
+    (_, every), (tok, q, c) = chain_scan(body, (jnp.int32(0), jnp.int32(0)), keys, ctx(None), first)
+    assert int(every) == 6
+    (_, calls), (gtok, gq, gc) = jax.jit(lambda k: chain_scan(body, (jnp.int32(0), jnp.int32(0)), k, ctx(0.6),
+                                                              first))(keys)
+    # Row 0's running product falls below 0.6 after two scanned positions, row 1's after four (0.9^5 = 0.59).
+    assert int(calls) == 4, int(calls)
+    np.testing.assert_array_equal(gtok[:4], tok[:4])
+    np.testing.assert_array_equal(gq[:4], q[:4])
+    np.testing.assert_array_equal(gc[:4], c[:4])
+    assert (np.asarray(gtok[4:]) == 0).all() and (np.asarray(gc[4:]) == 0).all()
+    np.testing.assert_array_equal(gq[4:], np.broadcast_to(np.eye(V)[0], (2, 2, V)))
+    # What the loop's gate reads from them: row 0 proposes 2 drafts (0.9, 0.81, then 0.405), row 1 four (0.9 ..
+    # 0.656, then 0.59).
+    full = jnp.concatenate([first[:, None], gc.T], axis=1)
+    np.testing.assert_array_equal(jnp.sum(jnp.cumprod(full, axis=1) >= 0.6, axis=1), [2, 4])
+    # Greedy picks (q None) stop the same way.
+    greedy = lambda carry, key: (lambda c, p: (c, (p[0], None, p[2])))(*body(carry, key))
+    (_, calls), (_, none, _) = chain_scan(greedy, (jnp.int32(0), jnp.int32(0)), keys, ctx(0.6), first)
+    assert int(calls) == 4 and none is None

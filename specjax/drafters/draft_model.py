@@ -14,7 +14,6 @@ max_depth + 1 committed tokens, since a tree step never fed the accepted path in
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +21,7 @@ from jax import lax
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, chain_of_picks, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
@@ -94,7 +93,7 @@ class DraftModelDrafter:
             cache, nxt, p, c = self._step(params, cache, tok[:, None], key_i, sp)
             return (cache, nxt), (nxt, p, c)
 
-        (cache, _), rest = jax.lax.scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1))
+        (cache, _), rest = chain_scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1), ctx, conf)
         tokens, probs, confidence = chain_of_picks((tok, probs, conf), rest)              # [B, k, ...]
         return Draft(tokens, probs, confidence=confidence), cache
 

@@ -25,11 +25,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from specjax import tree_search
 from specjax.drafters.artifacts import load_artifact
-from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_scan, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
 from specjax.models.config import ModelConfig
 from specjax.models.llama import forward
@@ -111,7 +110,7 @@ class LayerSkipDrafter:
             nxt, probs, confidence = pick_tokens(out.logits[:, -1], key_i, sp)
             return (out.cache.replace(lengths=cache.lengths + 1), nxt), (nxt, probs, confidence)
 
-        (cache, _), picks = lax.scan(body, (cache, last_tokens(ctx, 1)[:, 0]), jnp.swapaxes(step_keys, 0, 1))
+        (cache, _), picks = chain_scan(body, (cache, last_tokens(ctx, 1)[:, 0]), jnp.swapaxes(step_keys, 0, 1), ctx)
         tokens, probs, confidence = (None if x is None else jnp.swapaxes(x, 0, 1) for x in picks)   # [B, k, ...]
         return Draft(tokens, probs, confidence=confidence), state, cache
 

@@ -28,12 +28,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, chain_of_picks, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens
 from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.eagle.checkpoint import check_target, load
 from specjax.drafters.eagle.config import EagleConfig, EagleWeights
@@ -129,7 +128,8 @@ class EagleDrafter:
             nxt, q, c = pick_tokens(self._logits(params, ctx, h), key_i, sp)
             return (cache.replace(lengths=cache.lengths + 1), nxt, h), (nxt, q, c)
 
-        (cache, _, _), rest = lax.scan(body, (state.cache, tok, state.hidden), jnp.swapaxes(step_keys[:, 1:], 0, 1))
+        (cache, _, _), rest = chain_scan(body, (state.cache, tok, state.hidden), jnp.swapaxes(step_keys[:, 1:], 0, 1),
+                                         ctx, conf)
         tokens, probs, confidence = chain_of_picks((tok, p, conf), rest)                  # [B, k, ...]
         state = EagleState(cache.replace(lengths=state.cache.lengths), state.hidden)    # drafts: stale entries
         return Draft(tokens, probs, confidence=confidence), state
