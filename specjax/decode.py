@@ -35,7 +35,7 @@ from specjax.config import SpecConfig
 from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens, target_weight
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward, kv_heads
-from specjax.sampling import probabilities, sample
+from specjax.sampling import greedy_token, probabilities, sample
 from specjax.verify import accept
 
 
@@ -197,7 +197,7 @@ def _accepted_then_next(drafted: jax.Array, n: jax.Array, nxt: jax.Array) -> jax
 def _target_token(logits: jax.Array, keys: jax.Array, spec: SpecConfig) -> jax.Array:
     """logits [B, V] -> the target's own next token [B]: its argmax, or a sample from the sampling transform."""
     if spec.sampling.greedy:
-        return jnp.argmax(logits, -1).astype(jnp.int32)
+        return greedy_token(logits)
     return jax.vmap(sample)(keys, probabilities(logits, spec.sampling))
 
 

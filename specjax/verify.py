@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.config import SpecConfig
-from specjax.sampling import probabilities
+from specjax.sampling import greedy_token, probabilities
 from specjax.trees import Tree, TreeSpec, children_from_parents, mask_from_parents, path_to_node
 
 
@@ -29,7 +29,7 @@ def leading_true(accept: jax.Array) -> jax.Array:
 
 def chain_greedy(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """draft_tokens [B, k], target_logits [B, k+1, V] -> (num_accepted [B], next_token [B])."""
-    target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)           # [B, k+1]
+    target_tokens = greedy_token(target_logits)                                     # [B, k+1]
     n = leading_true(draft_tokens == target_tokens[:, :-1])
     next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
     return n, next_token
@@ -105,7 +105,7 @@ def tree_greedy(tree_tokens: jax.Array, parents: jax.Array | TreeSpec, target_lo
     """
     B, T = tree_tokens.shape
     parents, max_depth = _tree_parents(parents, B, T, max_depth)
-    target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)            # [B, T]
+    target_tokens = greedy_token(target_logits)                                     # [B, T]
     wanted = jnp.take_along_axis(target_tokens, jnp.maximum(parents, 0), axis=1)    # [B, T] argmax at parent
     path, n, best = _deepest_accepted(tree_tokens, parents, tree_tokens == wanted, max_depth)
     return path, n, jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]

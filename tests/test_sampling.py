@@ -7,7 +7,7 @@ import pytest
 
 from specjax import SamplingParams, SpecConfig
 from specjax import verify
-from specjax.sampling import probabilities
+from specjax.sampling import greedy_token, probabilities
 
 
 def test_transform_greedy_topk_topp():
@@ -21,6 +21,18 @@ def test_transform_greedy_topk_topp():
     p = probabilities(logits, SamplingParams(0.5))
     np.testing.assert_allclose(p, jax.nn.softmax(logits / 0.5), atol=1e-6)
 
+
+def test_greedy_token_is_argmax():
+    """The two-reduction greedy token against jnp.argmax: ties (first index), NaN (the first NaN), infinities,
+    all -inf rows, any leading axes, a real vocabulary's width."""
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(-3, 3, size=shape).astype(np.float32) for shape in [(3, 7), (2, 4, 50), (5,)]]
+    cases.append(np.array([[1, np.nan, 3, np.nan], [-np.inf] * 4, [np.inf, 1, np.inf, 0], [2, 2, 2, 2]], np.float32))
+    cases.append(rng.standard_normal((2, 3, 49152)).astype(np.float32))
+    for x in cases:
+        got = greedy_token(jnp.asarray(x))
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
                                  dict(temperature=float("nan"))])

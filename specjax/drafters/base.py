@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import ForwardOut
-from specjax.sampling import SamplingParams, probabilities, sample
+from specjax.sampling import SamplingParams, greedy_token, probabilities, sample
 from specjax.trees import Tree
 
 
@@ -153,7 +153,7 @@ def pick_tokens(logits: jax.Array, key: jax.Array,
     (q None), else a sample from the shared sampling transform's distribution, returned as q [..., V] for
     speculative sampling; confidence is draft_confidence's. key: one key per row (the leading axes)."""
     if sp.greedy:
-        tokens = jnp.argmax(logits, -1).astype(jnp.int32)
+        tokens = greedy_token(logits)
         return tokens, None, draft_confidence(logits)
     probs = probabilities(logits, sp)
     tokens = jax.vmap(sample)(key, probs)

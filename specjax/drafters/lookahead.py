@@ -45,6 +45,7 @@ from specjax.config import MAX_SPECULATIVE_TOKENS
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
 from specjax.trees import Tree
+from specjax.sampling import greedy_token
 
 MAX_POOL_BYTES = 1 << 30        # the n-gram pool of one generate() call (all rows), see _build
 
@@ -157,7 +158,7 @@ class LookaheadDrafter:
 
     def commit(self, params, state: LookaheadState, ctx: Context, num_accepted, target_out, verified):
         W, N = self.window_size, self.ngram_size
-        guess = jnp.argmax(verified.out.logits, axis=-1).astype(jnp.int32)        # [B, T] target's next token
+        guess = greedy_token(verified.out.logits)                                  # [B, T] target's next token
         window, pool, pointer = state
         ok = jnp.ones(guess.shape[:1], bool)
         # Trajectories: each full diagonal of the old window plus the target's output after its last token.
