@@ -56,11 +56,10 @@ class SpecConfig:
     acceptance_rate_window_size: int = ACCEPTANCE_RATE_WINDOW
     # Confidence-gated drafting (a chain): a row proposes only the leading drafts whose running product of the
     # drafter's top probabilities (Draft.confidence) stays >= this, and a step in which no active row proposes
-    # anything verifies one position, not k + 1 (a step that costs a decode step, not a verify pass); the drafts
-    # past a row's leading confident ones are never committed, so a chain drafter (draft model, EAGLE, layer skip)
-    # stops drafting once no row's product is left at or above it. The drafts are still verified exactly: greedy
-    # output stays plain greedy output and sampled output keeps the target's distribution. None: every step
-    # verifies k + 1.
+    # anything verifies one position, not k + 1 (a step that costs a decode step, not a verify pass), and a chain
+    # drafter (draft model, EAGLE, layer skip) drafts nothing past its first pick then. In a wider step every draft
+    # is verified. The drafts are still verified exactly: greedy output stays plain greedy output and sampled
+    # output keeps the target's distribution. None: every step verifies k + 1.
     draft_confidence_threshold: float | None = None
 
     def __post_init__(self):

@@ -343,11 +343,6 @@ def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
         own = _target_token(v.verified.out.logits[:, 0], keys[:, 1], run.spec)       # [B]
         new = new.at[:, 0].set(jnp.where(proposed, new[:, 0], own))
         drafting = active & proposed
-        if run.spec.draft_confidence_threshold is not None:
-            # Under the gate a row's drafts are its leading num_drafted (a chain may not have computed the rest:
-            # base.chain_scan). Verification is sequential, so the token it gives at position num_drafted (an
-            # accepted draft or the target's own) is exactly the one that a proposal of num_drafted drafts gets.
-            n = jnp.minimum(n, draft.num_drafted)
     committed, count = _commit_tokens(run, s, new, n)
     draft_state = run.drafter.commit(run.draft_params, s.draft_state, _context(run, committed), n, v.out,
                                      v.verified)

@@ -115,40 +115,39 @@ def test_bad_settings_are_refused(target):
                                                      draft_confidence_threshold=0.5))
 
 
-def test_a_gated_chain_stops_once_no_row_can_be_verified():
-    """base.chain_scan: under the gate the chain's positions stop once every row's running product of confidences
-    has fallen below the threshold (the loop verifies none past that); the positions computed are the scan's,
-    the rest filler the gate cuts (confidence 0; q a point mass, so even an unguarded verifier stays exact)."""
-    conf = jnp.array([[0.9, 0.5, 0.9, 0.9, 0.9, 0.9],        # row 0: 0.9 * 0.9 = 0.81, then 0.405 at step 2
-                      [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])       # row 1: 0.81, 0.73, 0.66, 0.59 < 0.6 at step 4
-    V = 5
+def test_a_gated_chain_is_drafted_only_where_a_row_proposes():
+    """base.chain_scan under the gate: where no row's first confidence reaches the threshold the loop verifies one
+    position, so the chain is not computed (filler: tokens 0, confidence 0, q a point mass); where some row's does,
+    the whole chain is the scan's. A first pick inside the scan (running None) decides the same way."""
+    V, n = 5, 4
 
     def body(carry, key):
         i, calls = carry
-        c = conf[:, i]
         probs = jax.nn.one_hot(jnp.full((2,), i % V), V) * 0.5 + 0.1
-        return (i + 1, calls + 1), (jnp.full((2,), 7 + i, jnp.int32), probs, c)
+        return (i + 1, calls + 1), (jnp.full((2,), 7 + i, jnp.int32), probs, jnp.full((2,), 0.2))
 
-    keys = jnp.zeros((6, 2), jnp.uint32)
+    keys = jnp.zeros((n, 2), jnp.uint32)
     ctx = lambda t: Context(jnp.zeros((2, 4), jnp.int32), jnp.ones(2, jnp.int32), jnp.ones(2, jnp.int32),
                             draft_confidence_threshold=t)
-    first = jnp.array([0.9, 0.9])
-    (_, every), (tok, q, c) = chain_scan(body, (jnp.int32(0), jnp.int32(0)), keys, ctx(None), first)
-    assert int(every) == 6
-    (_, calls), (gtok, gq, gc) = jax.jit(lambda k: chain_scan(body, (jnp.int32(0), jnp.int32(0)), k, ctx(0.6),
-                                                              first))(keys)
-    # Row 0's running product falls below 0.6 after two scanned positions, row 1's after four (0.9^5 = 0.59).
-    assert int(calls) == 4, int(calls)
-    np.testing.assert_array_equal(gtok[:4], tok[:4])
-    np.testing.assert_array_equal(gq[:4], q[:4])
-    np.testing.assert_array_equal(gc[:4], c[:4])
-    assert (np.asarray(gtok[4:]) == 0).all() and (np.asarray(gc[4:]) == 0).all()
-    np.testing.assert_array_equal(gq[4:], np.broadcast_to(np.eye(V)[0], (2, 2, V)))
-    # What the loop's gate reads from them: row 0 proposes 2 drafts (0.9, 0.81, then 0.405), row 1 four (0.9 ..
-    # 0.656, then 0.59).
-    full = jnp.concatenate([first[:, None], gc.T], axis=1)
-    np.testing.assert_array_equal(jnp.sum(jnp.cumprod(full, axis=1) >= 0.6, axis=1), [2, 4])
-    # Greedy picks (q None) stop the same way.
+    start = (jnp.int32(0), jnp.int32(0))
+    (_, calls), scanned = chain_scan(body, start, keys, ctx(None), jnp.array([0.1, 0.1]))
+    assert int(calls) == n
+    gated = jax.jit(lambda k, r: chain_scan(body, start, k, ctx(0.3), r))
+    (_, calls), drafted = gated(keys, jnp.array([0.1, 0.5]))          # row 1 proposes: the whole chain
+    assert int(calls) == n
+    for a, b in zip(drafted, scanned):
+        np.testing.assert_array_equal(a, b)
+    (_, calls), (tok, q, conf) = gated(keys, jnp.array([0.1, 0.29]))  # nobody proposes: nothing drafted
+    assert int(calls) == 0
+    assert (np.asarray(tok) == 0).all() and (np.asarray(conf) == 0).all()
+    np.testing.assert_array_equal(q, np.broadcast_to(np.eye(V)[0], (n, 2, V)))
+    # The first pick inside the scan (layer skip): drafted, then it decides (0.2 < 0.3: the rest is filler).
+    (_, calls), (tok, _, conf) = chain_scan(body, start, keys, ctx(0.3))
+    assert int(calls) == 1 and int(tok[0, 0]) == 7 and float(conf[0, 0]) == pytest.approx(0.2)
+    assert (np.asarray(conf[1:]) == 0).all()
+    (_, calls), _ = chain_scan(body, start, keys, ctx(0.1))
+    assert int(calls) == n
+    # Greedy picks (q None) alike.
     greedy = lambda carry, key: (lambda c, p: (c, (p[0], None, p[2])))(*body(carry, key))
-    (_, calls), (_, none, _) = chain_scan(greedy, (jnp.int32(0), jnp.int32(0)), keys, ctx(0.6), first)
-    assert int(calls) == 4 and none is None
+    (_, calls), (_, none, _) = chain_scan(greedy, start, keys, ctx(0.3), jnp.array([0.1, 0.29]))
+    assert int(calls) == 0 and none is None

@@ -44,9 +44,9 @@ class Context(NamedTuple):
     prompt_length: jax.Array   # [B]
     target_weights: Any = None   # {name: array} for the drafter's declared target_weights
     target_cache: Any = None     # the target's KVCache, for a drafter that shares_target_cache (propose only)
-    # SpecConfig's confidence gate (None: off). The loop verifies only a row's leading drafts whose running product
-    # of Draft.confidence stays at or above it, so a chain may stop computing once no row's product does
-    # (chain_scan): a python float, static in the compiled loop.
+    # SpecConfig's confidence gate (None: off): a step in which no row's first Draft.confidence reaches it verifies
+    # one position, so a chain drafter need not draft past its first pick then (chain_scan). A python float,
+    # static in the compiled loop.
     draft_confidence_threshold: float | None = None
 
 
@@ -169,36 +169,28 @@ def chain_of_picks(first: tuple, later: tuple) -> tuple:
 
 def chain_scan(body: Callable, carry: Any, keys: jax.Array, ctx: Context,
                running: jax.Array | None = None) -> tuple[Any, tuple]:
-    """A chain's later picks, lax.scan(body, carry, keys) over keys [n, ...]: body(carry, key) -> (carry, picks),
-    picks = (tokens [B], q [B, V] or None, confidence [B]) as pick_tokens gives them -> (carry, picks stacked
-    [n, B, ...]). Under the confidence gate (ctx.draft_confidence_threshold) the chain stops as soon as every row's
-    running product of confidences (running [B]: the positions before the scan's; None: none) has fallen below
-    the threshold: the loop verifies no draft past that point, so the rest is never computed (tokens 0, q a point
-    mass on token 0, confidence 0: filler the gate has cut). Every position it does compute is what the scan
-    computes."""
+    """A chain's picks, lax.scan(body, carry, keys) over keys [n, ...]: body(carry, key) -> (carry, picks), picks =
+    (tokens [B], q [B, V] or None, confidence [B]) as pick_tokens gives them -> (carry, picks stacked [n, B, ...]).
+    Under the confidence gate (ctx.draft_confidence_threshold) the chain is drafted only where some row's
+    confidence so far (running [B]: the product over the positions before the scan's; None: the scan's first
+    position decides) is at or above the threshold. Otherwise no row proposes anything, the loop verifies one
+    position and none of the chain, so it is never computed: filler (tokens 0, q a point mass on token 0,
+    confidence 0) stands in for it. Where some row does propose, the whole chain is drafted and verified: drafts
+    past a row's confident ones cost no extra verify width and may still be accepted."""
     threshold = ctx.draft_confidence_threshold
     if threshold is None:
         return jax.lax.scan(body, carry, keys)
+    if running is None:                     # the first pick decides: drafted unconditionally, then the rest
+        carry, first = body(carry, keys[0])
+        carry, rest = chain_scan(body, carry, keys[1:], ctx, first[2])
+        return carry, tuple(None if f is None else jnp.concatenate([f[None], r]) for f, r in zip(first, rest))
     n = keys.shape[0]
     tok_shape, q_shape, conf_shape = jax.eval_shape(body, carry, keys[0])[1]
-    stacked = (jnp.zeros((n,) + tok_shape.shape, tok_shape.dtype),
-               None if q_shape is None else jnp.zeros((n,) + q_shape.shape, q_shape.dtype).at[..., 0].set(1),
-               jnp.zeros((n,) + conf_shape.shape, conf_shape.dtype))
-    running = jnp.ones(conf_shape.shape, conf_shape.dtype) if running is None else running
-
-    def more(state):
-        i, _, _, product = state
-        return (i < n) & jnp.any(product >= threshold)
-
-    def step(state):
-        i, carry, stacked, product = state
-        carry, picks = body(carry, keys[i])
-        stacked = tuple(None if buf is None else jax.lax.dynamic_update_index_in_dim(buf, x, i, 0)
-                        for buf, x in zip(stacked, picks))
-        return i + 1, carry, stacked, product * picks[2]
-
-    _, carry, stacked, _ = jax.lax.while_loop(more, step, (jnp.int32(0), carry, stacked, running))
-    return carry, stacked
+    filler = (jnp.zeros((n,) + tok_shape.shape, tok_shape.dtype),
+              None if q_shape is None else jnp.zeros((n,) + q_shape.shape, q_shape.dtype).at[..., 0].set(1),
+              jnp.zeros((n,) + conf_shape.shape, conf_shape.dtype))
+    return jax.lax.cond(jnp.any(running >= threshold), lambda c: jax.lax.scan(body, c, keys),
+                        lambda c: (c, filler), carry)
 
 
 def draft_confidence(logits: jax.Array, probs: jax.Array | None = None) -> jax.Array:
