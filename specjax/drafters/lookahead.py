@@ -44,8 +44,8 @@ from jax import lax
 from specjax.config import MAX_SPECULATIVE_TOKENS
 from specjax.drafters.base import Context, Draft, last_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
-from specjax.trees import Tree
 from specjax.sampling import greedy_token
+from specjax.trees import Tree
 
 MAX_POOL_BYTES = 1 << 30        # the n-gram pool of one generate() call (all rows), see _build
 
