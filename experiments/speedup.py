@@ -289,7 +289,8 @@ def one_at_a_time() -> None:
                                 decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
                                 one_position_share=share, plain_passes=st["plain_passes"]))
             print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, "
-                  f"per-position acceptance {per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)", flush=True)
+                  f"per-position acceptance {per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)",
+                  flush=True)
             if FLAGS.profile:
                 first = [harness.prompt_ids(target, prompts[0])]
                 one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
