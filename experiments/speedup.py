@@ -238,7 +238,8 @@ def one_at_a_time() -> None:
         # baseline's: the exactness column compares like with like.
         plain_config = spec_config("none", None, **baseline_overrides(run))
         groups.setdefault((run["pset"], run["target"], plain_config), []).append(run)
-    for (pset, target_name, plain_config), group in groups.items():
+    for key, group in groups.items():
+        pset, target_name, plain_config = key
         target = targets[target_name]
         temperature = plain_config.temperature
         prompts = load_prompt_set(pset, FLAGS.num_prompts, target.tokenizer)
@@ -258,7 +259,6 @@ def one_at_a_time() -> None:
               f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
               + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
                  else " read"))
-        key = (pset, target_name, plain_config)
         for run, config, drafter_arg, (outs, st) in zip(group, configs, drafter_args, timed):
             method, k, tree = run["method"], config.k, run["tree"]
             artifact = artifact_name(method, run)
