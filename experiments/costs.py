@@ -79,19 +79,21 @@ def _per_call_seconds(one_call, args, inner: int, reps: int, budget_s: float | N
     return fastest_seconds(lambda: looped(*args).block_until_ready(), reps, budget_s=budget_s) / inner
 
 
-def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int | None = None, inner: int = 16):
+def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int | None = None, inner: int = 16,
+                   implementation: str = "xla"):
     """(fn, params, cache): fn(params, cache) runs `inner` cached target forwards over T new positions after
-    `context` tokens of history, chained in one compiled loop; it donates the cache (pass a fresh copy each call)."""
+    `context` tokens of history, chained in one compiled loop; it donates the cache (pass a fresh copy each call).
+    The cache holds the weights' dtype, as the decode loop's does; implementation: the attention path."""
     cfg = model.config
     size = max(context + T + 1, cache_size or 0)
-    cache = KVCache.init(cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim).replace(
-        lengths=jnp.full((batch,), context, jnp.int32))
+    cache = KVCache.init(cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim,
+                         model.params["embed"].dtype).replace(lengths=jnp.full((batch,), context, jnp.int32))
 
     def run(params, cache):
         def step(i, carry):
             acc, cache = carry
             toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
-            out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache)
+            out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache, implementation=implementation)
             return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
         return lax.fori_loop(0, inner, step, (jnp.float32(0), cache))
 
@@ -102,10 +104,11 @@ def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int 
 
 
 def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
-                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
+                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
+                    implementation: str = "xla") -> float:
     """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
     the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
-    looped, params, cache = looped_forward(model, context, T, batch, cache_size, inner)
+    looped, params, cache = looped_forward(model, context, T, batch, cache_size, inner, implementation)
     fresh_cache = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
     return fastest_seconds(lambda c: jax.block_until_ready(looped(params, c)), reps, fresh_cache,
                            budget_s) / inner

@@ -6,6 +6,8 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
   python -m experiments.forward_profile --matmul=kernel,xla --nobreakdown     # the small-M kernel vs XLA's dot
   python -m experiments.forward_profile --targets=smollm2-135m --weight_format=float32,gguf,gguf_int8 --rounds=3
   python -m experiments.forward_profile --layer_ops=kernel,xla --nobreakdown   # fixed-order attention etc. vs XLA
+  JAX_PLATFORMS=cuda python -m experiments.forward_profile --targets=smollm2-135m,random:llama-1b \
+      --dtype=bfloat16 --implementation=xla,pallas --nobreakdown            # an accelerator, both attention paths
 
 --matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
 small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
@@ -13,6 +15,10 @@ SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE and RMS nor
 kernels of cpu_kernels.verify_attention, .rope, .rms_norm) or `xla` (XLA's ops: SPECJAX_VERIFY_ATTENTION_KERNEL=0,
 SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
 a target and the paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
+--implementation: the attention path of the forward (SpecConfig.implementation), side by side: `xla` or `pallas`
+(the verify-attention kernel: native on a GPU or TPU, interpreted on a CPU, so only for correctness there).
+A target `random:<shape>` (RANDOM_SHAPES) is that architecture with random weights, for costs where no checkpoint
+is at hand (a forward's cost does not depend on the weights' values).
 
 Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
 compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
@@ -40,6 +46,9 @@ import specjax
 from experiments import costs
 from experiments.tables import text_table, write_table
 from specjax import checkpoints
+from specjax.models.config import ModelConfig
+from specjax.models.llama import init_params
+from specjax.models.model import Model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("targets", ["smollm2-135m", "stdlib-target"], "targets (names or directories load_model takes)")
@@ -56,8 +65,19 @@ flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, m
                   "default), xla")
 flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
                      "machine's slow phases hit every cell alike)")
+flags.DEFINE_list("implementation", ["xla"], "attention paths, measured side by side: xla, pallas")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the weights' (and KV cache's) dtype")
 flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
 
+# Architectures for `random:<shape>` targets (tied embeddings as in the published models).
+RANDOM_SHAPES = {
+    "smollm2-135m": ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                                num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                                tie_word_embeddings=True),
+    "llama-1b": ModelConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+                            num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
+                            tie_word_embeddings=True),
+}
 MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion")
 INNER = 8
 
@@ -96,8 +116,19 @@ def kernel_paths(matmul: str, layer_ops: str):
                 os.environ[v] = value
 
 
+def load_target(name: str, weights: str, dtype) -> specjax.Model:
+    """A shipped / installed / directory target, or `random:<shape>` (RANDOM_SHAPES) with random weights."""
+    if not name.startswith("random:"):
+        return specjax.load_model(name, weight_format=weights, dtype=dtype)
+    shape = name.split(":", 1)[1]
+    if shape not in RANDOM_SHAPES:
+        raise app.UsageError(f"unknown random target shape {shape!r}: choose from {sorted(RANDOM_SHAPES)}")
+    return Model(RANDOM_SHAPES[shape], init_params(RANDOM_SHAPES[shape], jax.random.PRNGKey(0), dtype), name=name)
+
+
 def main(argv):
     rows, summary = [], []
+    dtype = jnp.dtype(FLAGS.dtype)
     positions = [int(t) for t in FLAGS.positions]
     for flag in ("matmul", "layer_ops"):
         unknown = set(FLAGS[flag].value) - set(PATHS)
@@ -106,24 +137,27 @@ def main(argv):
     for name in FLAGS.targets:
         models = {}                  # every format of this target, measured side by side (for each T, in turn)
         for weights in FLAGS.weight_format:
-            if weights != "float32" and not checkpoints.resolve(name, "model").endswith(".gguf"):
+            if weights != "float32" and (name.startswith("random:")
+                                         or not checkpoints.resolve(name, "model").endswith(".gguf")):
                 print(f"{name}: not a GGUF model, measured with float32 layers only")
                 continue
-            models[weights] = specjax.load_model(name, weight_format=weights)
+            models[weights] = load_target(name, weights, dtype)
         weight_bytes = {w: sum(x.nbytes for x in jax.tree_util.tree_leaves(m.params)) for w, m in models.items()}
-        cells = list(itertools.product(positions, models, FLAGS.matmul, FLAGS.layer_ops))
+        cells = list(itertools.product(positions, models, FLAGS.matmul, FLAGS.layer_ops, FLAGS.implementation))
         seconds = {}                 # the fastest of --rounds sweeps (a sweep is every cell once, in turn)
         for _ in range(FLAGS.rounds):
-            for T, weights, path, ops in cells:
+            for T, weights, path, ops, impl in cells:
                 with kernel_paths(path, ops):
-                    s = costs.forward_seconds(models[weights], FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0)
-                seconds[T, weights, path, ops] = min(s, seconds.get((T, weights, path, ops), s))
-        for T, weights, path, ops in cells:
-            model, sec = models[weights], seconds[T, weights, path, ops]
-            one = seconds[positions[0], weights, path, ops]
-            label = name if weights == "float32" else f"{name} ({weights})"
-            row = dict(target=name, weight_format=weights, matmul=path, layer_ops=ops, batch=FLAGS.batch,
-                       context=FLAGS.context,
+                    s = costs.forward_seconds(models[weights], FLAGS.context, T, batch=FLAGS.batch, budget_s=3.0,
+                                              implementation=impl)
+                seconds[T, weights, path, ops, impl] = min(s, seconds.get((T, weights, path, ops, impl), s))
+        for T, weights, path, ops, impl in cells:
+            model, sec = models[weights], seconds[T, weights, path, ops, impl]
+            one = seconds[positions[0], weights, path, ops, impl]
+            label = (name if weights == "float32" else f"{name} ({weights})") + (
+                f" [{impl}]" if len(FLAGS.implementation) > 1 else "")
+            row = dict(target=name, weight_format=weights, matmul=path, layer_ops=ops, implementation=impl,
+                       dtype=FLAGS.dtype, batch=FLAGS.batch, context=FLAGS.context,
                        positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes[weights] / sec / 1e9)
             if FLAGS.breakdown:
                 with kernel_paths(path, ops):
@@ -144,6 +178,8 @@ def main(argv):
         print(text_table(header, summary))
     write_table(rows, FLAGS.out, {"positions": positions, "context": FLAGS.context, "batch": FLAGS.batch,
                                   "inner": INNER, "matmul": FLAGS.matmul, "layer_ops": FLAGS.layer_ops,
+                                  "implementation": FLAGS.implementation, "dtype": FLAGS.dtype,
+                                  "devices": str(jax.devices()),
                                   "rounds": FLAGS.rounds,
                                   "weight_format": FLAGS.weight_format})
 

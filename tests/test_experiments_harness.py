@@ -8,8 +8,12 @@ import math
 
 import pytest
 
+import jax
+import jax.numpy as jnp
+
 from specjax import SpecConfig
-from experiments import costs, harness, tables
+from specjax.models.model import Model
+from experiments import costs, harness, prompts, tables
 from tiny import ragged_prompts
 
 
@@ -52,6 +56,29 @@ def test_policy_fields_per_method_entries():
                                                              "acceptance_rate_window_size": 8}
     with pytest.raises(ValueError, match="max_batch:k"):
         harness.policy_fields(["eight:k"], "ngram", 4)
+
+
+def test_prompt_set_from_a_json_file(tmp_path):
+    chats = [[{"role": "user", "content": f"question {i}"}] for i in range(3)]
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps(chats))
+    assert prompts.load_prompt_set(str(path), 2, None) == chats[:2]
+    (tmp_path / "bad.json").write_text(json.dumps({"prompts": chats}))
+    with pytest.raises(ValueError, match="bad.json.*list"):
+        prompts.load_prompt_set(str(tmp_path / "bad.json"), 2, None)
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        prompts.load_prompt_set("shargept", 2, None)
+
+
+def test_forward_cost_on_the_weights_dtype_and_attention_path(target):
+    """A target forward's cost is measured over a cache of the weights' dtype, on the attention path asked for
+    (the Pallas kernel interpreted here); an unknown path is refused by name."""
+    half = Model(target.config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), target.params), name="tiny-bf16")
+    _, _, cache = costs.looped_forward(half, context=8, T=2)
+    assert cache.k[0].dtype == jnp.bfloat16 and cache.v[0].dtype == jnp.bfloat16
+    assert costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="pallas") > 0
+    with pytest.raises(ValueError, match="implementation"):
+        costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="cuda")
 
 
 @pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores

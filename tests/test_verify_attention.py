@@ -273,14 +273,14 @@ def test_inside_jit_and_while_loop(impl):
     check(got, want, jnp.float32, "while_loop")
 
 
-def test_empty_prefix_matches_reference():
+@pytest.mark.parametrize("impl", ["pallas_gpu", "pallas_tpu"])
+def test_empty_prefix_matches_reference(impl):
     """lengths == T (empty committed prefix): finite and equal to the reference, lse included."""
     q, k, v, lengths = make_inputs(1, 2, 16, 2, 1, 64, jnp.float32, [2])
-    for impl in ("pallas_gpu", "pallas_tpu"):
-        out, lse = verify_attention(q, k, v, lengths, implementation=impl, return_lse=True)
-        ref, ref_lse = verify_attention_reference(q, k, v, lengths, return_lse=True)
-        check(out, ref, jnp.float32, impl)
-        check(lse, ref_lse, jnp.float32, impl)
+    out, lse = verify_attention(q, k, v, lengths, implementation=impl, return_lse=True)
+    ref, ref_lse = verify_attention_reference(q, k, v, lengths, return_lse=True)
+    check(out, ref, jnp.float32, impl)
+    check(lse, ref_lse, jnp.float32, impl)
     assert MASK_VALUE < -1e38
 
 
