@@ -26,7 +26,7 @@ from specjax import api
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
 from specjax.decode import shares_target_cache, target_exposure
-from specjax.drafters.base import Context
+from specjax.drafters.base import Context, Verified
 from specjax.models.llama import forward
 
 
@@ -114,6 +114,27 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
                            budget_s) / inner
 
 
+def forward_seconds_alternating(model, context: int, positions: tuple[int, ...], reps: int = 10, batch: int = 1,
+                                cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
+                                implementation: str = "xla") -> dict[int, float]:
+    """forward_seconds for several T, timed side by side: each rep calls every T's compiled loop once in turn,
+    so a slow spell of a shared machine hits T = 1 and T = k + 1 alike instead of inflating whichever ran in it
+    (the verify-cost ratio is their quotient). budget_s: per T, as forward_seconds'. -> {T: seconds}."""
+    looped = {T: looped_forward(model, context, T, batch, cache_size, inner, implementation) for T in positions}
+    fresh = lambda cache: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
+    for fn, params, cache in looped.values():                                           # compile, warm up
+        jax.block_until_ready(fn(params, fresh(cache)))
+    times = {T: [] for T in positions}
+    for _ in range(reps):
+        for T, (fn, params, cache) in looped.items():
+            c = fresh(cache)
+            times[T].append(_seconds(lambda: jax.block_until_ready(fn(params, c)))[0])
+        if budget_s is not None and len(times[positions[0]]) >= MIN_REPS and \
+                max(sum(t) for t in times.values()) > budget_s:
+            break
+    return {T: float(np.min(t)) / inner for T, t in times.items()}
+
+
 def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
                     cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
     """One drafter.propose call (all k draft tokens, or the whole tree) on a context of `context` committed
@@ -146,6 +167,52 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
         return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
     return _per_call_seconds(one, (draft_params, state, tokens, exposed, target_cache), inner, reps, budget_s)
+
+
+def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
+                   cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
+    """One drafter.commit call after a chain's verify pass that accepted all k drafts (the widest commit: a
+    drafter that feeds the accepted positions' target features through its own layers, as EAGLE does, feeds k + 1
+    of them), on a context of `context` committed tokens. The target's verify forward is not included
+    (forward_seconds measures it). Tree drafters (drafter.is_tree) commit along a path whose length the step
+    decides: 0.0, not measured. Build the drafter for a buffer of at least context + 2k + 8 slots."""
+    if getattr(drafter, "is_tree", False):
+        return 0.0
+    cfg, k = model.config, drafter.k
+    buffer_len = max(context + 2 * k + 8, cache_size or 0)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
+    prompt_len = context // 2
+    layers, exposed = target_exposure(drafter, model.params)
+    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
+    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+    prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
+    state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
+    # The verify pass: the last committed token and k drafts at `context`, all accepted, then the bonus token.
+    verify_in = tokens[:, context - 1:context + k]                                       # [B, k + 1]
+    out = forward(model.params, cfg, verify_in, prefill.cache.replace(lengths=jnp.full((batch,), context - 1,
+                                                                                       jnp.int32)),
+                  hidden_layers=layers)
+    lengths = jnp.full((batch,), context + k + 1, jnp.int32)
+    num_accepted = jnp.full((batch,), k, jnp.int32)
+
+    def one(i, params, state, tokens, exposed, out):
+        ctx = Context(tokens.at[:, context + k].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed)
+        # As in propose_seconds: the state depends on i, so XLA cannot hoist the commit out of the loop.
+        state = jax.tree_util.tree_map(
+            lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+        new = drafter.commit(params, state, ctx, num_accepted, out, Verified(verify_in, None, out))
+        return sum((x.ravel()[-1].astype(jnp.float32) for x in jax.tree_util.tree_leaves(new)), jnp.float32(0))
+
+    return _per_call_seconds(one, (draft_params, state, tokens, exposed, out), inner, reps, budget_s)
+
+
+def drafter_step_seconds(drafter, draft_params, model, context: int, sp, **timing) -> tuple[float, float]:
+    """(propose, commit) seconds: the drafter's work in one speculative step beside the target's verify (a draft
+    model catches up inside propose; EAGLE feeds the verified positions' features through its layer in commit).
+    timing: propose_seconds' reps, batch, cache_size, inner, budget_s."""
+    return (propose_seconds(drafter, draft_params, model, context, sp, **timing),
+            commit_seconds(drafter, draft_params, model, context, sp, **timing))
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,

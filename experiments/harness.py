@@ -169,9 +169,15 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         if key not in memo:
             memo[key] = costs.forward_seconds(target, context, T, **target_timing, **kw)
         return memo[key]
-    t1 = forward_seconds(context, 1, reps=50)
-    tv = forward_seconds(context, k + 1, reps=50)
-    tp = costs.propose_seconds(prepared.drafter, prepared.draft_params, target, context, sp, reps=50, **timing)
+    # The decode step and the verify timed side by side (their quotient is the verify cost).
+    pair_key = (id(target), context, (1, k + 1), tuple(sorted(target_timing.items())))
+    if pair_key not in memo:
+        memo[pair_key] = costs.forward_seconds_alternating(target, context, (1, k + 1), reps=50, **target_timing)
+    t1, tv = memo[pair_key][1], memo[pair_key][k + 1]
+    # The drafter's work per step: its proposal and its commit after the verify.
+    t_propose, t_commit = costs.drafter_step_seconds(prepared.drafter, prepared.draft_params, target, context, sp,
+                                                     reps=50, **timing)
+    tp = t_propose + t_commit
     # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
     t_pre = forward_seconds(0, max(lens), reps=10, inner=2)
     t_dpre = costs.init_seconds(prepared.drafter, prepared.draft_params, target, max(lens), sp, reps=10, **timing)
@@ -194,7 +200,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     step_ms = 1e3 * (spec["wall_s"] - n * (t_pre + t_dpre)) / steps(spec)
     steady = (plain_ms / per_step(base)) / (step_ms / per_step(spec))
     return dict(c=c, verify_cost=verify_cost, alpha_fit=alpha_fit, predicted=predicted, steady=steady,
-                plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms, propose_ms=tp * 1e3, verify_ms=tv * 1e3,
+                plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms, propose_ms=t_propose * 1e3,
+                commit_ms=t_commit * 1e3, verify_ms=tv * 1e3,
                 decode_ms=t1 * 1e3, one_position_share=share,
                 model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3)
 
@@ -256,8 +263,8 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     if registry.get(config.method).per_request_params:
         draft_cost = 0.0                 # predictions per request: proposing is a table lookup
     else:
-        draft_cost = costs.propose_seconds(spec.drafter, spec.draft_params, target, context, config.sampling,
-                                           batch=B, cache_size=buf) / t1
+        draft_cost = sum(costs.drafter_step_seconds(spec.drafter, spec.draft_params, target, context,
+                                                    config.sampling, batch=B, cache_size=buf)) / t1
     # The batch steps together: a loop iteration ends when its slowest row does, so the loop's tokens per
     # iteration (batch tau) is below the rows' mean tau once rows accept at different rates.
     steps = N - 1

@@ -123,8 +123,8 @@ def main(argv):
         if k == 0:
             return 0.0, t1, 0.0
         p = prepared[k]
-        tp = costs.propose_seconds(p.drafter, p.draft_params, target, context, p.config.sampling, batch=B,
-                                   cache_size=p.buffer_len)
+        tp = sum(costs.drafter_step_seconds(p.drafter, p.draft_params, target, context, p.config.sampling,
+                                            batch=B, cache_size=p.buffer_len))
         tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=p.buffer_len)
         ti = costs.init_seconds(p.drafter, p.draft_params, target, longest, p.config.sampling, batch=B,
                                 cache_size=p.buffer_len, reps=3, inner=2)

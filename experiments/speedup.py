@@ -285,7 +285,8 @@ def one_at_a_time() -> None:
                                 tokens_per_s=st["tokens_per_s"], plain_tokens_per_s=base["tokens_per_s"],
                                 speedup=measured, steady=steady, predicted=predicted, c=c, verify_cost=verify_cost,
                                 exact=exact, drafter=artifact, accept_hist=np.asarray(st["accept_hist"]).tolist(),
-                                target_passes=st["target_passes"], propose_ms=tp * 1e3, verify_ms=tv * 1e3,
+                                target_passes=st["target_passes"], propose_ms=tp * 1e3,
+                                commit_ms=pred["commit_ms"], verify_ms=tv * 1e3,
                                 decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
                                 one_position_share=share, plain_passes=st["plain_passes"]))
             print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, "

@@ -11,9 +11,10 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from specjax import SpecConfig
+from specjax import SpecConfig, api
 from specjax.models.model import Model
 from experiments import costs, harness, prompts, tables
+from conformance_factories import FACTORIES, Case
 from tiny import ragged_prompts
 
 
@@ -79,6 +80,39 @@ def test_forward_cost_on_the_weights_dtype_and_attention_path(target):
     assert costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="pallas") > 0
     with pytest.raises(ValueError, match="implementation"):
         costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="cuda")
+
+
+def test_forward_costs_side_by_side(target, monkeypatch):
+    """T = 1 and T = k + 1 timed in alternating rounds: each rep calls both compiled loops in turn."""
+    order = []
+    real = costs.looped_forward
+
+    def recording(model, context, T, *args):
+        fn, params, cache = real(model, context, T, *args)
+        return (lambda p, c: (order.append(T), fn(p, c))[1]), params, cache
+
+    monkeypatch.setattr(costs, "looped_forward", recording)
+    seconds = costs.forward_seconds_alternating(target, 8, (1, 4), reps=3, inner=2)
+    assert order == [1, 4] * 4                              # one warm-up call each, then 3 rounds in turn
+    assert set(seconds) == {1, 4} and all(0 < s < 1 for s in seconds.values())
+
+
+def test_drafter_step_cost_counts_the_commit(target):
+    """EAGLE-3's commit (its layer over the k + 1 verified positions) is measured beside its proposal; a drafter
+    whose commit returns its state untouched costs ~nothing there, and a tree drafter's commit is not measured."""
+    ids = ragged_prompts(1, seed=3)
+    timing = dict(reps=3, inner=4)
+
+    def step_costs(name, k=3):
+        fields, artifact = FACTORIES[name](Case(target, k, ids, []))
+        p = api.prepare(target, ids, SpecConfig(max_new_tokens=8, **fields), artifact)
+        return costs.drafter_step_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing)
+
+    propose, commit = step_costs("eagle3")
+    assert propose > 0 and commit > 0
+    _, ngram_commit = step_costs("ngram")
+    assert ngram_commit < commit / 4
+    assert step_costs("eagle2-dynamic_tree")[1] == 0.0
 
 
 @pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores
