@@ -10,12 +10,14 @@ which on a ~1 ms CPU step inflates the verify-cost ratio and c.
 from __future__ import annotations
 
 import collections
+import functools
 import glob
+import os
 import re
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +81,23 @@ def _per_call_seconds(one_call, args, inner: int, reps: int, budget_s: float | N
     return fastest_seconds(lambda: looped(*args).block_until_ready(), reps, budget_s=budget_s) / inner
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "T", "inner", "implementation", "switches"),
+                   donate_argnums=1)
+def _chained_forwards(params, cache, *, cfg, T: int, inner: int, implementation: str, switches: tuple):
+    """`inner` cached target forwards over T new positions, chained in one compiled loop (module-level, so every
+    cost measurement of one shape shares one compiled program). switches: the SPECJAX_* environment the kernels
+    read when a forward is traced, a static argument so that another setting compiles its own program."""
+    del switches
+    batch = cache.lengths.shape[0]
+
+    def step(i, carry):
+        acc, c = carry
+        toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
+        out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), c, implementation=implementation)
+        return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
+    return lax.fori_loop(0, inner, step, (jnp.float32(0), cache))
+
+
 def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int | None = None, inner: int = 16,
                    implementation: str = "xla"):
     """(fn, params, cache): fn(params, cache) runs `inner` cached target forwards over T new positions after
@@ -88,19 +107,13 @@ def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int 
     size = max(context + T + 1, cache_size or 0)
     cache = KVCache.init(cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim,
                          model.params["embed"].dtype).replace(lengths=jnp.full((batch,), context, jnp.int32))
-
-    def run(params, cache):
-        def step(i, carry):
-            acc, cache = carry
-            toks = (jnp.arange(T, dtype=jnp.int32)[None, :] + i) % cfg.vocab_size
-            out = forward(params, cfg, jnp.broadcast_to(toks, (batch, T)), cache, implementation=implementation)
-            return acc + out.logits[0, -1, 0], out.cache.replace(lengths=cache.lengths)
-        return lax.fori_loop(0, inner, step, (jnp.float32(0), cache))
-
     # The cache is carried, as in the decode loop, so its writes update it in place; a loop-invariant cache would
     # be copied whole by every write and the copy counted as forward time. It is donated as the loop's state is:
     # otherwise every call copies it into the loop's carry first (returned, so that the carry can live in it).
-    return jax.jit(run, donate_argnums=1), model.params, cache
+    switches = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("SPECJAX_")))
+    fn = functools.partial(_chained_forwards, cfg=cfg, T=T, inner=inner, implementation=implementation,
+                           switches=switches)
+    return fn, model.params, cache
 
 
 def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
@@ -135,12 +148,19 @@ def forward_seconds_alternating(model, context: int, positions: tuple[int, ...],
     return {T: float(np.min(t)) / inner for T, t in times.items()}
 
 
-def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
-                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
-    """One drafter.propose call (all k draft tokens, or the whole tree) on a context of `context` committed
-    tokens. The drafter's state comes from its own init() on a random prompt (with the target's prefill output
-    and the target weights it declares), so any registered drafter is measured the way the loop runs it.
-    Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
+class _DrafterSetup(NamedTuple):
+    tokens: jax.Array          # [B, buffer_len] random tokens; the first `context` are the committed sequence
+    prompt_lengths: jax.Array  # [B]
+    exposed: dict              # the target weights the drafter declared
+    layers: tuple              # the target layers it reads
+    prefill: Any               # the target's forward over the prompt (ForwardOut)
+    state: Any                 # the drafter's state after its init on that prompt
+
+
+def _drafter_setup(drafter, draft_params, model, context: int, sp, batch: int,
+                   cache_size: int | None) -> _DrafterSetup:
+    """A random prompt of context // 2 tokens, the target's prefill over it (with the layers and weights the
+    drafter declares) and the drafter's own init(): the state a step's proposal and commit are measured on."""
     cfg = model.config
     buffer_len = max(context + 2 * drafter.k + 8, cache_size or 0)
     rng = np.random.default_rng(0)
@@ -149,28 +169,44 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
     layers, exposed = target_exposure(drafter, model.params)
     cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
     prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
-    lengths = jnp.full((batch,), context, jnp.int32)
     prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
     state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
-    keys = jax.random.split(jax.random.PRNGKey(0), batch)
+    return _DrafterSetup(tokens, prompt_lengths, exposed, layers, prefill, state)
 
+
+def _depends_on(i, state):
+    """The state plus i * 1e-30 (below float32 resolution of O(1) values): head drafters (Medusa, EAGLE) read only
+    their state, so without it XLA would hoist the whole call out of the timing loop."""
+    return jax.tree_util.tree_map(
+        lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+
+def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
+                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
+                    setup: _DrafterSetup | None = None) -> float:
+    """One drafter.propose call (all k draft tokens, or the whole tree) on a context of `context` committed
+    tokens. The drafter's state comes from its own init() on a random prompt (with the target's prefill output
+    and the target weights it declares), so any registered drafter is measured the way the loop runs it.
+    Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
+    cfg = model.config
+    su = setup or _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), batch)
     # A drafter that drafts over the target's cache gets the prefill's (as the loop hands it the loop's cache).
-    target_cache = prefill.cache.replace(lengths=lengths - 1) if shares_target_cache(drafter) else None
+    target_cache = su.prefill.cache.replace(lengths=lengths - 1) if shares_target_cache(drafter) else None
 
     def one(i, params, state, tokens, exposed, target_cache):
-        ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed,
+        ctx = Context(tokens.at[:, context - 1].set(i % cfg.vocab_size), lengths, su.prompt_lengths, exposed,
                       target_cache)
-        # Head drafters (Medusa, EAGLE) read only their state, not the tokens: make the state depend on i too (a
-        # perturbation below float32 resolution of O(1) values), or XLA hoists the whole proposal out of the loop.
-        state = jax.tree_util.tree_map(
-            lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-        return drafter.propose(params, state, ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
+        return drafter.propose(params, _depends_on(i, state), ctx, keys, sp)[0].tokens[0, -1].astype(jnp.float32)
 
-    return _per_call_seconds(one, (draft_params, state, tokens, exposed, target_cache), inner, reps, budget_s)
+    return _per_call_seconds(one, (draft_params, su.state, su.tokens, su.exposed, target_cache), inner, reps,
+                             budget_s)
 
 
 def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
-                   cache_size: int | None = None, inner: int = 16, budget_s: float | None = None) -> float:
+                   cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
+                   setup: _DrafterSetup | None = None) -> float:
     """One drafter.commit call after a chain's verify pass that accepted all k drafts (the widest commit: a
     drafter that feeds the accepted positions' target features through its own layers, as EAGLE does, feeds k + 1
     of them), on a context of `context` committed tokens. The target's verify forward is not included
@@ -179,40 +215,32 @@ def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 1
     if getattr(drafter, "is_tree", False):
         return 0.0
     cfg, k = model.config, drafter.k
-    buffer_len = max(context + 2 * k + 8, cache_size or 0)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
-    prompt_len = context // 2
-    layers, exposed = target_exposure(drafter, model.params)
-    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
-    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
-    prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
-    state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
+    su = setup or _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     # The verify pass: the last committed token and k drafts at `context`, all accepted, then the bonus token.
-    verify_in = tokens[:, context - 1:context + k]                                       # [B, k + 1]
-    out = forward(model.params, cfg, verify_in, prefill.cache.replace(lengths=jnp.full((batch,), context - 1,
-                                                                                       jnp.int32)),
-                  hidden_layers=layers)
+    verify_in = su.tokens[:, context - 1:context + k]                                    # [B, k + 1]
+    out = forward(model.params, cfg, verify_in,
+                  su.prefill.cache.replace(lengths=jnp.full((batch,), context - 1, jnp.int32)),
+                  hidden_layers=su.layers)
     lengths = jnp.full((batch,), context + k + 1, jnp.int32)
     num_accepted = jnp.full((batch,), k, jnp.int32)
 
     def one(i, params, state, tokens, exposed, out):
-        ctx = Context(tokens.at[:, context + k].set(i % cfg.vocab_size), lengths, prompt_lengths, exposed)
-        # As in propose_seconds: the state depends on i, so XLA cannot hoist the commit out of the loop.
-        state = jax.tree_util.tree_map(
-            lambda x: x + (i * 1e-30).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-        new = drafter.commit(params, state, ctx, num_accepted, out, Verified(verify_in, None, out))
+        ctx = Context(tokens.at[:, context + k].set(i % cfg.vocab_size), lengths, su.prompt_lengths, exposed)
+        new = drafter.commit(params, _depends_on(i, state), ctx, num_accepted, out, Verified(verify_in, None, out))
         return sum((x.ravel()[-1].astype(jnp.float32) for x in jax.tree_util.tree_leaves(new)), jnp.float32(0))
 
-    return _per_call_seconds(one, (draft_params, state, tokens, exposed, out), inner, reps, budget_s)
+    return _per_call_seconds(one, (draft_params, su.state, su.tokens, su.exposed, out), inner, reps, budget_s)
 
 
-def drafter_step_seconds(drafter, draft_params, model, context: int, sp, **timing) -> tuple[float, float]:
+def drafter_step_seconds(drafter, draft_params, model, context: int, sp, batch: int = 1,
+                         cache_size: int | None = None, **timing) -> tuple[float, float]:
     """(propose, commit) seconds: the drafter's work in one speculative step beside the target's verify (a draft
-    model catches up inside propose; EAGLE feeds the verified positions' features through its layer in commit).
-    timing: propose_seconds' reps, batch, cache_size, inner, budget_s."""
-    return (propose_seconds(drafter, draft_params, model, context, sp, **timing),
-            commit_seconds(drafter, draft_params, model, context, sp, **timing))
+    model catches up inside propose; EAGLE feeds the verified positions' features through its layer in commit),
+    both on one prompt, prefill and drafter state. timing: reps, inner, budget_s."""
+    su = _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    kw = dict(batch=batch, cache_size=cache_size, setup=su, **timing)
+    return (propose_seconds(drafter, draft_params, model, context, sp, **kw),
+            commit_seconds(drafter, draft_params, model, context, sp, **kw))
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,

@@ -82,6 +82,17 @@ def test_forward_cost_on_the_weights_dtype_and_attention_path(target):
         costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="cuda")
 
 
+def test_forward_cost_programs_follow_the_kernel_switches(target, monkeypatch):
+    """The compiled forward loop is shared by measurements of one shape, but a SPECJAX_* switch (read when a
+    forward is traced: experiments.forward_profile measures both paths in one process) compiles its own."""
+    monkeypatch.delenv("SPECJAX_SMALL_M_MATMUL", raising=False)
+    kernel_fn = costs.looped_forward(target, 8, 2)[0]
+    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
+    xla_fn = costs.looped_forward(target, 8, 2)[0]
+    assert kernel_fn.keywords["switches"] != xla_fn.keywords["switches"]
+    assert costs.looped_forward(target, 8, 2)[0].keywords == xla_fn.keywords
+
+
 def test_forward_costs_side_by_side(target, monkeypatch):
     """T = 1 and T = k + 1 timed in alternating rounds: each rep calls both compiled loops in turn."""
     order = []
