@@ -258,8 +258,8 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
             (seconds["spec"], results["spec"])
     stats, k = results["spec"].stats, spec.config.k
     context, buf = measured_context(target, ids, N, spec), spec.buffer_len
-    t1 = costs.forward_seconds(target, context, 1, batch=B, cache_size=buf)
-    tv = costs.forward_seconds(target, context, k + 1, batch=B, cache_size=buf)
+    pair = costs.forward_seconds_alternating(target, context, (1, k + 1), batch=B, cache_size=buf)
+    t1, tv = pair[1], pair[k + 1]
     if registry.get(config.method).per_request_params:
         draft_cost = 0.0                 # predictions per request: proposing is a table lookup
     else:

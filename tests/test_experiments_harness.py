@@ -114,16 +114,17 @@ def test_drafter_step_cost_counts_the_commit(target):
     ids = ragged_prompts(1, seed=3)
     timing = dict(reps=3, inner=4)
 
-    def step_costs(name, k=3):
+    def prepared(name, k=3):
         fields, artifact = FACTORIES[name](Case(target, k, ids, []))
-        p = api.prepare(target, ids, SpecConfig(max_new_tokens=8, **fields), artifact)
-        return costs.drafter_step_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing)
+        return api.prepare(target, ids, SpecConfig(max_new_tokens=8, **fields), artifact)
 
-    propose, commit = step_costs("eagle3")
+    p = prepared("eagle3")
+    propose, commit = costs.drafter_step_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing)
     assert propose > 0 and commit > 0
-    _, ngram_commit = step_costs("ngram")
-    assert ngram_commit < commit / 4
-    assert step_costs("eagle2-dynamic_tree")[1] == 0.0
+    p = prepared("ngram")
+    assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) < commit / 4
+    p = prepared("eagle2-dynamic_tree")
+    assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) == 0.0
 
 
 @pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores
