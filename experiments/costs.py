@@ -121,10 +121,8 @@ def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
                     implementation: str = "xla") -> float:
     """One cached target forward over T new positions after `context` tokens of history. The XLA attention reads
     the whole buffer, so pass the decode loop's buffer length as cache_size to measure what the loop pays."""
-    looped, params, cache = looped_forward(model, context, T, batch, cache_size, inner, implementation)
-    fresh_cache = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
-    return fastest_seconds(lambda c: jax.block_until_ready(looped(params, c)), reps, fresh_cache,
-                           budget_s) / inner
+    return forward_seconds_alternating(model, context, (T,), reps, batch, cache_size, inner, budget_s,
+                                       implementation)[T]
 
 
 def forward_seconds_alternating(model, context: int, positions: tuple[int, ...], reps: int = 10, batch: int = 1,
