@@ -58,20 +58,33 @@ def fastest_seconds(fn: Callable, reps: int, fresh_input: Callable[[], Any] | No
     return float(np.min(times))
 
 
-def fastest_alternating(calls: Mapping[str, Callable[[], Any]], rounds: int,
-                        warmup: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+def fastest_alternating(calls: Mapping[str, Callable[..., Any]], rounds: int, warmup: bool = True,
+                        fresh_inputs: Mapping[str, Callable[[], Any]] | None = None,
+                        budget_s: float | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """Candidates timed side by side: `rounds` rounds that call each one once in turn, the fastest time of each
     kept, so drift in a shared machine's speed hits every candidate alike (one after the other, a slow spell
     would be charged to whichever ran in it). warmup: each called once, untimed, first (it compiles); a caller
     that compiles otherwise passes False (a drafter that learns from its outputs must not see them before the
-    timed call). -> (fastest seconds by name, each name's first result)."""
-    results = {name: call() for name, call in calls.items()} if warmup else {}
+    timed call). fresh_inputs: {name: make its input}, made before each call off the clock and passed to it (an
+    input the call donates). budget_s: stop after a round once some candidate's timed calls took this long (at
+    least MIN_REPS rounds). -> (fastest seconds by name, each name's first result)."""
+    def timed(name):
+        if fresh_inputs is None:
+            return _seconds(calls[name])
+        arg = fresh_inputs[name]()
+        return _seconds(lambda: calls[name](arg))
+
+    results = {name: timed(name)[1] for name in calls} if warmup else {}
     best = {name: float("inf") for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            seconds, result = _seconds(call)
+    spent = {name: 0.0 for name in calls}
+    for done in range(1, rounds + 1):
+        for name in calls:
+            seconds, result = timed(name)
             best[name] = min(best[name], seconds)
+            spent[name] += seconds
             results.setdefault(name, result)
+        if budget_s is not None and done >= MIN_REPS and max(spent.values()) > budget_s:
+            break
     return best, results
 
 
@@ -132,18 +145,12 @@ def forward_seconds_alternating(model, context: int, positions: tuple[int, ...],
     so a slow spell of a shared machine hits T = 1 and T = k + 1 alike instead of inflating whichever ran in it
     (the verify-cost ratio is their quotient). budget_s: per T, as forward_seconds'. -> {T: seconds}."""
     looped = {T: looped_forward(model, context, T, batch, cache_size, inner, implementation) for T in positions}
-    fresh = lambda cache: jax.block_until_ready(jax.tree.map(jnp.copy, cache))
-    for fn, params, cache in looped.values():                                           # compile, warm up
-        jax.block_until_ready(fn(params, fresh(cache)))
-    times = {T: [] for T in positions}
-    for _ in range(reps):
-        for T, (fn, params, cache) in looped.items():
-            c = fresh(cache)
-            times[T].append(_seconds(lambda: jax.block_until_ready(fn(params, c)))[0])
-        if budget_s is not None and len(times[positions[0]]) >= MIN_REPS and \
-                max(sum(t) for t in times.values()) > budget_s:
-            break
-    return {T: float(np.min(t)) / inner for T, t in times.items()}
+    calls = {T: functools.partial(lambda fn, params, cache: jax.block_until_ready(fn(params, cache)), fn, params)
+             for T, (fn, params, _) in looped.items()}
+    fresh = {T: functools.partial(lambda cache: jax.block_until_ready(jax.tree.map(jnp.copy, cache)), cache)
+             for T, (_, _, cache) in looped.items()}
+    seconds, _ = fastest_alternating(calls, reps, fresh_inputs=fresh, budget_s=budget_s)
+    return {T: s / inner for T, s in seconds.items()}
 
 
 class _DrafterSetup(NamedTuple):
@@ -155,21 +162,32 @@ class _DrafterSetup(NamedTuple):
     state: Any                 # the drafter's state after its init on that prompt
 
 
+def _random_prefill(drafter, model, prompt_len: int, buffer_len: int, batch: int):
+    """Random tokens [B, buffer_len] and the target's prefill over the first prompt_len of them, with the layers
+    and weights the drafter declares -> (tokens, layers, exposed, prefill)."""
+    cfg = model.config
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
+    layers, exposed = target_exposure(drafter, model.params)
+    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
+    return tokens, layers, exposed, forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+
+
 def _drafter_setup(drafter, draft_params, model, context: int, sp, batch: int,
                    cache_size: int | None) -> _DrafterSetup:
     """A random prompt of context // 2 tokens, the target's prefill over it (with the layers and weights the
     drafter declares) and the drafter's own init(): the state a step's proposal and commit are measured on."""
-    cfg = model.config
-    buffer_len = max(context + 2 * drafter.k + 8, cache_size or 0)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
     prompt_len = context // 2
-    layers, exposed = target_exposure(drafter, model.params)
-    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
-    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+    tokens, layers, exposed, prefill = _random_prefill(
+        drafter, model, prompt_len, max(context + 2 * drafter.k + 8, cache_size or 0), batch)
     prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
     state = drafter.init(draft_params, Context(tokens, prompt_lengths + 1, prompt_lengths, exposed), prefill, sp)
     return _DrafterSetup(tokens, prompt_lengths, exposed, layers, prefill, state)
+
+
+def _scalar_of(tree) -> jax.Array:
+    """A float32 scalar that depends on every leaf of `tree` (its last element each), so the work that made the
+    tree stays in a timing loop."""
+    return sum((x.ravel()[-1].astype(jnp.float32) for x in jax.tree_util.tree_leaves(tree)), jnp.float32(0))
 
 
 def _depends_on(i, state):
@@ -224,8 +242,8 @@ def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 1
 
     def one(i, params, state, tokens, exposed, out):
         ctx = Context(tokens.at[:, context + k].set(i % cfg.vocab_size), lengths, su.prompt_lengths, exposed)
-        new = drafter.commit(params, _depends_on(i, state), ctx, num_accepted, out, Verified(verify_in, None, out))
-        return sum((x.ravel()[-1].astype(jnp.float32) for x in jax.tree_util.tree_leaves(new)), jnp.float32(0))
+        return _scalar_of(drafter.commit(params, _depends_on(i, state), ctx, num_accepted, out,
+                                         Verified(verify_in, None, out)))
 
     return _per_call_seconds(one, (draft_params, su.state, su.tokens, su.exposed, out), inner, reps, budget_s)
 
@@ -246,18 +264,14 @@ def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 
     """One drafter.init call after a prompt of prompt_len tokens (e.g. a draft model's own prefill; ~0 for
     drafters with no state). The target's prefill is not included: forward_seconds measures it."""
     cfg = model.config
-    buffer_len = max(prompt_len + 2 * drafter.k + 8, cache_size or 0)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, buffer_len)), jnp.int32)
-    layers, exposed = target_exposure(drafter, model.params)
-    cache = KVCache.init(cfg.num_layers, batch, buffer_len, cfg.num_kv_heads, cfg.head_dim)
-    prefill = forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
+    tokens, _, exposed, prefill = _random_prefill(
+        drafter, model, prompt_len, max(prompt_len + 2 * drafter.k + 8, cache_size or 0), batch)
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
 
     def one(i, params, tokens, prefill, exposed):
         # positions 0 and 1 both vary: a drafter that reads tokens from 1 on (EAGLE) must not be hoisted either
         ctx = Context(tokens.at[:, :2].set(i % cfg.vocab_size), lengths + 1, lengths, exposed)
-        leaves = jax.tree_util.tree_leaves(drafter.init(params, ctx, prefill, sp))
-        return sum((x.ravel()[-1].astype(jnp.float32) for x in leaves), jnp.float32(0))
+        return _scalar_of(drafter.init(params, ctx, prefill, sp))
 
     return _per_call_seconds(one, (draft_params, tokens, prefill, exposed), inner, reps, budget_s)
 

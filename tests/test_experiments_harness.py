@@ -32,6 +32,12 @@ def test_fastest_alternating_calls_in_turn_and_keeps_first_results():
     order.clear()
     _, results = costs.fastest_alternating({"a": lambda: call("a"), "b": lambda: call("b")}, rounds=1, warmup=False)
     assert order == ["a", "b"] and results == {"a": "a1", "b": "b2"}   # the first timed call's result
+    # Fresh inputs: one made before each call and passed to it; a budget ends the rounds after MIN_REPS of them.
+    made = []
+    fresh = {"a": lambda: made.append("a") or len(made), "b": lambda: made.append("b") or len(made)}
+    seconds, results = costs.fastest_alternating({"a": lambda x: ("a", x), "b": lambda x: ("b", x)}, rounds=10,
+                                                 fresh_inputs=fresh, budget_s=0.0)
+    assert made == ["a", "b"] * (1 + costs.MIN_REPS) and results == {"a": ("a", 1), "b": ("b", 2)}
 
 
 def test_write_table_records_command_revision_and_date(tmp_path):
