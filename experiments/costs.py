@@ -172,8 +172,8 @@ def _random_prefill(drafter, model, prompt_len: int, buffer_len: int, batch: int
     return tokens, layers, exposed, forward(model.params, cfg, tokens[:, :prompt_len], cache, hidden_layers=layers)
 
 
-def _drafter_setup(drafter, draft_params, model, context: int, sp, batch: int,
-                   cache_size: int | None) -> _DrafterSetup:
+def drafter_setup(drafter, draft_params, model, context: int, sp, batch: int,
+                  cache_size: int | None) -> _DrafterSetup:
     """A random prompt of context // 2 tokens, the target's prefill over it (with the layers and weights the
     drafter declares) and the drafter's own init(): the state a step's proposal and commit are measured on."""
     prompt_len = context // 2
@@ -205,7 +205,7 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
     and the target weights it declares), so any registered drafter is measured the way the loop runs it.
     Build the drafter for a buffer of at least context + 2k + 8 slots (cache_size if given)."""
     cfg = model.config
-    su = setup or _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     lengths = jnp.full((batch,), context, jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
     # A drafter that drafts over the target's cache gets the prefill's (as the loop hands it the loop's cache).
@@ -231,7 +231,7 @@ def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 1
     if getattr(drafter, "is_tree", False):
         return 0.0
     cfg, k = model.config, drafter.k
-    su = setup or _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     # The verify pass: the last committed token and k drafts at `context`, all accepted, then the bonus token.
     verify_in = su.tokens[:, context - 1:context + k]                                    # [B, k + 1]
     out = forward(model.params, cfg, verify_in,
@@ -249,14 +249,101 @@ def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 1
 
 
 def drafter_step_seconds(drafter, draft_params, model, context: int, sp, batch: int = 1,
-                         cache_size: int | None = None, **timing) -> tuple[float, float]:
+                         cache_size: int | None = None, setup: _DrafterSetup | None = None,
+                         **timing) -> tuple[float, float]:
     """(propose, commit) seconds: the drafter's work in one speculative step beside the target's verify (a draft
     model catches up inside propose; EAGLE feeds the verified positions' features through its layer in commit),
-    both on one prompt, prefill and drafter state. timing: reps, inner, budget_s."""
-    su = _drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    both on one prompt, prefill and drafter state (setup: drafter_setup's, shared with other measurements).
+    timing: reps, inner, budget_s."""
+    su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     kw = dict(batch=batch, cache_size=cache_size, setup=su, **timing)
     return (propose_seconds(drafter, draft_params, model, context, sp, **kw),
             commit_seconds(drafter, draft_params, model, context, sp, **kw))
+
+
+class InTurn(NamedTuple):
+    """step_in_turn_seconds' three programs, timed side by side (seconds per step)."""
+    in_turn: float      # proposal, verify, commit in turn
+    drafter: float      # the drafter's part alone (proposal and commit, on one fixed verify output)
+    verify: float       # the target's verify forward alone
+    beside: dict        # {name: (seconds per call, first result)} of the `beside` calls, in the same rounds
+
+
+def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
+                         cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
+                         implementation: str = "xla", setup: _DrafterSetup | None = None,
+                         beside: Mapping[str, Callable[[], Any]] | None = None) -> InTurn:
+    """One speculative step's model work, run in turn as the decode loop runs it: the drafter's proposal, the
+    target's verify forward over it (a chain's k + 1 positions, a tree's nodes), then (chains) the drafter's commit
+    after all k drafts were accepted; `inner` steps chained in one compiled loop, each proposal reading what the
+    last verify gave. Timed side by side with the drafter's part alone and the verify alone (the same loops less
+    the other model). Left out is the loop's own work (acceptance, committing tokens, statistics), so the loop's
+    step over `in_turn` is the engine's overhead, and `in_turn` over drafter + verify is what taking turns costs:
+    where the weights fit in the caches (the toy), each model evicts the other's. Tree drafters' commits are left
+    out (commit_seconds says why). beside: other calls timed in the same rounds (e.g. the decode loop itself, whose
+    step is then compared with `in_turn` measured in the same spells of a shared machine). Build the drafter for a
+    buffer of at least context + 2k + 8 slots."""
+    cfg, k = model.config, drafter.k
+    su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), batch)
+    shares = shares_target_cache(drafter)
+    commit_lengths, all_accepted = lengths + k + 1, jnp.full((batch,), k, jnp.int32)
+    # the drafter alone commits after this one verify pass (random tokens, as commit_seconds' is)
+    fixed_in = su.tokens[:, context - 1:context + k]                                        # [B, k + 1]
+    fixed_out = forward(model.params, cfg, fixed_in, su.prefill.cache.replace(lengths=lengths - 1),
+                        hidden_layers=su.layers)
+
+    def step(i, carry, with_drafter, with_verify):
+        last, state, cache = carry
+        tokens = su.tokens.at[:, context - 1].set((i + last) % cfg.vocab_size)
+        ctx = Context(tokens, lengths, su.prompt_lengths, su.exposed)
+        tree = None
+        if with_drafter:
+            if shares:   # drafts over the target's cache past the committed entries, as the loop hands it over
+                draft, state, drafted = drafter.propose(draft_params, state, ctx._replace(target_cache=cache), keys,
+                                                        sp)
+                cache = drafted.replace(lengths=cache.lengths)
+            else:
+                draft, state = drafter.propose(draft_params, state, ctx, keys, sp)
+            tree = draft.tree
+            verify_in = tree.tokens if tree is not None else \
+                jnp.concatenate([tokens[:, context - 1:context], draft.tokens], axis=1)        # [B, k + 1]
+        else:
+            verify_in = jnp.concatenate([tokens[:, context - 1:context], fixed_in[:, 1:]], axis=1)
+        if with_verify:
+            out = forward(model.params, cfg, verify_in, cache, hidden_layers=su.layers, implementation=implementation,
+                          **({} if tree is None else dict(depths=tree.depths, mask=tree.mask)))
+            cache = out.cache.replace(lengths=cache.lengths)
+            last = (out.logits[0, -1, 0] > 0).astype(jnp.int32)    # the next step reads this verify
+        else:            # the drafts feed the next step (or XLA drops an unread proposal), the commit reads the
+            last = verify_in[0, -1] % 2      # fixed output made to depend on the step (or XLA hoists it)
+            out, verify_in = fixed_out._replace(**_depends_on(i, dict(
+                logits=fixed_out.logits, hidden=fixed_out.hidden, layer_hidden=fixed_out.layer_hidden))), fixed_in
+        if with_drafter and tree is None:
+            state = drafter.commit(draft_params, state, ctx._replace(length=commit_lengths), all_accepted, out,
+                                   Verified(verify_in, None, out))
+            if not with_verify:
+                last = last + _scalar_of(state).astype(jnp.int32) % 2
+        return last, state, cache
+
+    def program(**parts):
+        # state and cache carried and donated, as the loop's are: their writes then update them in place
+        looped = jax.jit(lambda carry: lax.fori_loop(0, inner, functools.partial(step, **parts), carry),
+                         donate_argnums=0)
+        return lambda carry: jax.block_until_ready(looped(carry))
+
+    start = (jnp.int32(0), su.state, su.prefill.cache.replace(lengths=lengths - 1))
+    fresh = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, start))
+    calls = dict(in_turn=program(with_drafter=True, with_verify=True),
+                 drafter=program(with_drafter=True, with_verify=False),
+                 verify=program(with_drafter=False, with_verify=True))
+    fresh_inputs = {name: fresh for name in calls}
+    for name, call in (beside or {}).items():
+        calls[f"beside:{name}"], fresh_inputs[f"beside:{name}"] = (lambda _, call=call: call()), (lambda: None)
+    seconds, results = fastest_alternating(calls, reps, fresh_inputs=fresh_inputs, budget_s=budget_s)
+    return InTurn(*(seconds[name] / inner for name in ("in_turn", "drafter", "verify")),
+                  {name: (seconds[f"beside:{name}"], results[f"beside:{name}"]) for name in beside or {}})
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,

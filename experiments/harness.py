@@ -141,7 +141,7 @@ COST_BUDGET_S = 2.0       # seconds of timed calls per measured cost (experiment
 
 
 def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_new_tokens: int, is_tree: bool,
-            batch: int = 1, cost_memo: dict | None = None) -> dict:
+            batch: int = 1, cost_memo: dict | None = None, engine_overhead: bool = False) -> dict:
     """The analytic speedup beside the measured one: the target's decode step t1, its (k+1)-position verify tv
     and the drafter's proposal tp measured the way the loop pays them (batch rows, the drafter and buffer that
     prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
@@ -149,7 +149,11 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     the totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
     -> c, verify_cost, alpha_fit, predicted, steady (the measured decode loop without prefills, which is what
     the formula models), one_position_share (steps that verified one position: nothing drafted), per-step
-    times in ms (model_ms_per_step: what the prediction assumes a step costs). cost_memo: the target's forward
+    times in ms (model_ms_per_step: what the prediction assumes a step costs). engine_overhead: also the step's
+    drafter and target work run in turn (costs.step_in_turn_seconds) with the row's decode loop on its first
+    prompt (or batch) timed in the same rounds (loop_calls), which on a shared machine is what tells the engine's
+    overhead from a change of the machine's speed between the run and the cost measurements -> engine_fields
+    (the loop is not timed again for a drafter that learns across calls). cost_memo: the target's forward
     costs already measured by this caller (one dict per experiment, whose targets outlive it), so rows that share
     a target, batch, buffer and context measure them once."""
     k, sp = config.k, config.sampling
@@ -175,9 +179,19 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         memo[pair_key] = costs.forward_seconds_alternating(target, context, (1, k + 1), reps=50, **target_timing)
     t1, tv = memo[pair_key][1], memo[pair_key][k + 1]
     # The drafter's work per step: its proposal and its commit after the verify.
+    setup = costs.drafter_setup(prepared.drafter, prepared.draft_params, target, context, sp, batch, buf)
     t_propose, t_commit = costs.drafter_step_seconds(prepared.drafter, prepared.draft_params, target, context, sp,
-                                                     reps=50, **timing)
+                                                     reps=50, setup=setup, **timing)
     tp = t_propose + t_commit
+    # engine_overhead: the same work run in turn, as the loop runs it (beside the drafter's part and the verify
+    # alone, and the loop itself on the first prompt, at that loop's own context)
+    turn = beside = None
+    if engine_overhead:
+        beside = None if learns_across_calls(config.method) else loop_calls(target, prepared)
+        turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
+        turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
+                                          reps=50, beside=beside, **target_timing,
+                                          setup=setup if turn_context == context else None)
     # Prefill (prompt padded to the set's longest, as in run_prompts), and the drafter's own (its init).
     t_pre = forward_seconds(0, max(lens), reps=10, inner=2)
     t_dpre = costs.init_seconds(prepared.drafter, prepared.draft_params, target, max(lens), sp, reps=10, **timing)
@@ -203,7 +217,42 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
                 plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms, propose_ms=t_propose * 1e3,
                 commit_ms=t_commit * 1e3, verify_ms=tv * 1e3,
                 decode_ms=t1 * 1e3, one_position_share=share,
-                model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3)
+                model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3,
+                **({} if turn is None else engine_fields(turn, t1, tv)))
+
+
+def learns_across_calls(method: str) -> bool:
+    """A drafter that learns from each call's outputs (suffix decoding's global cache): repeated calls of one
+    prompt draft differently, so its loop cannot be timed again beside its costs (loop_calls)."""
+    return registry.get(method).finish is not None
+
+
+def loop_calls(target, prepared: api.Prepared) -> dict:
+    """The decode call of `prepared` and the same call generating one token (its prefill, the drafter's init and
+    first proposal: no loop iteration, the same buffer), for costs.step_in_turn_seconds' `beside`: their
+    difference is the loop's iterations, timed in the same rounds as the step in turn (engine_fields)."""
+    one = dataclasses.replace(prepared.config, max_new_tokens=1, max_cache_len=prepared.buffer_len)
+    first_token = api.prepare(target, prepared.request.prompts, one,
+                              drafter=prepared.request.drafter, pad_to=prepared.prompts.shape[1])
+    return {"loop": lambda: api.run(prepared), "prefill": lambda: api.run(first_token)}
+
+
+def engine_fields(turn: costs.InTurn, t1: float, tv: float) -> dict:
+    """A step_in_turn_seconds measurement as a row's fields: in_turn_ms (the step in turn), taking_turns (it over
+    the drafter's part and the verify apart) and, with loop_calls beside it, the engine's own per-step overhead:
+    the loop's step (the call less its one-token call, over the loop's iterations) over the in-turn step with the
+    call's share of one-position steps (their verify one position wide, at the measured t1 / tv), - 1."""
+    fields = dict(in_turn_ms=turn.in_turn * 1e3, taking_turns=turn.in_turn / (turn.drafter + turn.verify))
+    if "loop" not in turn.beside:
+        return fields
+    loop_s, result = turn.beside["loop"]
+    st = result.stats
+    trace = np.asarray(st["accept_trace"])                           # [B, iterations]; -1: none verified
+    iterations = trace.shape[1]
+    one_position = int(np.sum(np.all(trace < 0, axis=0)))
+    loop_ms = 1e3 * (loop_s - turn.beside["prefill"][0]) / max(iterations, 1)
+    turn_ms = 1e3 * (turn.in_turn - one_position / max(iterations, 1) * turn.verify * (1 - t1 / tv))
+    return dict(fields, loop_ms_per_step=loop_ms, engine_overhead=loop_ms / turn_ms - 1)
 
 
 def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_threshold: float | None = None,
@@ -229,7 +278,8 @@ def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_
 
 
 def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config: SpecConfig, drafter: Any,
-                  policy: SpecConfig | None, rounds: int, roofline_machine: tuple[float, float]) -> dict:
+                  policy: SpecConfig | None, rounds: int, roofline_machine: tuple[float, float],
+                  engine_overhead: bool = False) -> dict:
     """One batch (every row of ids decoded in one call) by plain decoding, by `config` and by the dynamic policy,
     timed side by side (rounds alternating rounds, the fastest of each), beside the prediction from costs measured
     at this batch size and the run's buffer (the prefill as generate() runs it, one target forward over 1 and over
@@ -238,7 +288,8 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     The policy is often one of the two programs timed already (its schedule's k is the run's: the same config;
     k = 0: plain decoding itself); then its cell is that program's time, and a policy that resolves to plain
     decoding times plain decoding a second time, to show how far two samples of one program disagree here.
-    -> the row (without the batch's name fields)."""
+    engine_overhead: the run's loop is also timed side by side with its step's drafter and target work run in
+    turn (costs.step_in_turn_seconds; as predict's). -> the row (without the batch's name fields)."""
     B, N = len(ids), config.max_new_tokens
     pad_to = max(map(len, ids))   # the smallest buffer, which every row's attention reads whole (one compile per B)
     prepare = lambda cfg, d: api.prepare(target, ids, cfg, drafter=d, pad_to=pad_to)
@@ -280,6 +331,13 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
                                 cache_size=buf, reps=3, inner=2)
     predicted = (t_pre + steps * t1) / (t_pre + t_dpre + iterations * draft_cost * t1
                                         + (iterations - one_position) * tv + one_position * t1)
+    engine = {}
+    if engine_overhead and not registry.get(config.method).per_request_params:
+        turn = costs.step_in_turn_seconds(
+            spec.drafter, spec.draft_params, target, context, config.sampling, batch=B, cache_size=buf,
+            budget_s=COST_BUDGET_S, implementation=config.implementation,
+            beside=None if learns_across_calls(config.method) else loop_calls(target, spec))
+        engine = engine_fields(turn, t1, tv)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
                                                                 == plain_out) else "no") \
@@ -294,7 +352,7 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
                predicted=predicted, predicted_steady=steady, prefill_share=t_pre / (t_pre + steps * t1),
                alpha=stats["alpha"], tau=stats["tau"], batch_tau=batch_tau, c_step=draft_cost,
                one_position_share=one_position / iterations,
-               verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact, roofline=roofline)
+               verify_cost=tv / t1, forward_ms=t1 * 1e3, buffer=buf, exact=exact, roofline=roofline, **engine)
     if policy is not None:
         policy_k = pol.config.k
         policy_stats = results["policy"].stats

@@ -37,6 +37,13 @@ it resolves to the fixed-k program or to plain decoding itself, its cell is that
 is timed a second time, to show how far two samples of one program disagree here). The table is printed again in
 the EAGLE-3 paper's batch-table layout.
 
+--engine_overhead splits a row's step beyond its modelled propose + verify: the step's drafter and target work run
+in turn as the loop runs them, against the two timed apart (what the two models taking turns costs: where the
+weights fit in the caches, as the toy target's do, each evicts the other's), and the row's decode loop on its
+first prompt (or batch), less the same call generating one token, timed in the same rounds as that step: the
+loop's step over it is the engine's own overhead (acceptance, commits, bookkeeping), free of the machine's drift
+between the run and the cost measurements. A drafter that learns across calls (suffix) gets the first part only.
+
 --profile adds where each loop iteration goes: the row's decode loop and its plain baseline run once more under
 jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind, the prefill subtracted;
 printed under the row and stored in it (`profile`, `plain_profile`).
@@ -104,6 +111,11 @@ flags.DEFINE_list("draft_len_schedule", ["8:k"], "batch sweeps: the dynamic poli
 flags.DEFINE_float("acceptance_rate_threshold", None, "batch sweeps: the dynamic policy's acceptance-rate switch "
                    "(None: off)")
 flags.DEFINE_integer("acceptance_rate_window_size", 16, "speculative steps the acceptance rate is taken over")
+flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (the drafter's proposal and commit "
+                  "and the target's verify, as the loop runs them; experiments.costs.step_in_turn_seconds) beside "
+                  "the two timed apart, and the row's decode loop on its first prompt (or batch) timed in the same "
+                  "rounds: the loop's step over the step in turn is the engine's own overhead (stored as "
+                  "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
 flags.DEFINE_bool("profile", False, "also profile each row's decode loop and its plain baseline by XLA operation "
                   "(experiments.harness.loop_profile: CPU ms per loop iteration by kind, on the row's first prompt or "
                   "its batch), printed and stored in the row as `profile` / `plain_profile`")
@@ -264,7 +276,7 @@ def one_at_a_time() -> None:
             artifact = artifact_name(method, run)
             # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
             pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree),
-                                   cost_memo=cost_memo)
+                                   cost_memo=cost_memo, engine_overhead=FLAGS.engine_overhead)
             c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
                                                                               "predicted", "steady"))
             plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
@@ -288,10 +300,13 @@ def one_at_a_time() -> None:
                                 target_passes=st["target_passes"], propose_ms=tp * 1e3,
                                 commit_ms=pred["commit_ms"], verify_ms=tv * 1e3,
                                 decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
-                                one_position_share=share, plain_passes=st["plain_passes"]))
+                                model_ms_per_step=model_ms, one_position_share=share, plain_passes=st["plain_passes"],
+                                **{f: pred[f] for f in ENGINE_FIELDS if f in pred}))
             print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, "
                   f"per-position acceptance {per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)",
                   flush=True)
+            if FLAGS.engine_overhead:
+                print_engine_overhead(pred, method)
             if FLAGS.profile:
                 first = [harness.prompt_ids(target, prompts[0])]
                 one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
@@ -325,13 +340,29 @@ def one_at_a_time() -> None:
     print("speedup: end to end (tokens/s, prefill included); steady: the decode loop alone (measured prefill time "
           "subtracted), which is what the formula predicts; gap = steady / predicted - 1. ms/step: measured time "
           "per target pass in the loop; (model): what the prediction assumes (one target forward for plain, "
-          "propose + verify for speculative, one forward for its one-position steps); their difference is the "
-          "engine's per-step overhead.")
+          "propose + verify for speculative, one forward for its one-position steps); their difference also holds "
+          "the machine's drift between the run and the cost measurements and the bias of the fastest of --rounds "
+          "calls against the fastest of ~50: --engine_overhead measures the engine's own side by side.")
     if stem and records:
         plot(records, stem)
     differ = [f"{r[0]}:{r[2]}:{r[3]}" for r in rows if r[14] == "no"]
     if differ:                  # greedy speculative output must equal plain greedy output: fail loudly, not a cell
         raise SystemExit(f"greedy speculative output differs from plain decoding in runs {differ}")
+
+
+ENGINE_FIELDS = ("in_turn_ms", "taking_turns", "loop_ms_per_step", "engine_overhead")
+
+
+def print_engine_overhead(measured: dict, method: str) -> None:
+    """--engine_overhead's line under a row (harness.engine_fields' fields)."""
+    line = (f"    the step's model work in turn: {measured['in_turn_ms']:.3f} ms, x{measured['taking_turns']:.2f} the "
+            "drafter's part and the verify timed apart")
+    if "engine_overhead" in measured:
+        line += (f"; beside it the loop's step {measured['loop_ms_per_step']:.3f} ms: engine overhead "
+                 f"{measured['engine_overhead']:+.1%}")
+    else:
+        line += f"; engine overhead not measured: {method} learns from each call's outputs"
+    print(line, flush=True)
 
 
 def plot(records: list[dict], stem: str) -> None:
@@ -408,7 +439,7 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             policy = spec_config(method, k, tree, artifact, **run["overrides"], **fields) if fields else None
             rec = {"batch": B, "prompts": pset, "method": run["label"] or method + (f"/{tree}" if tree else ""),
                    **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
-                                           (peak_flops, bandwidth))}
+                                           (peak_flops, bandwidth), engine_overhead=FLAGS.engine_overhead)}
             if FLAGS.profile:
                 plain_key = (B, pset, plain_config)
                 if plain_key not in plain_profiles:
@@ -425,6 +456,8 @@ def batch_sweep(batch_sizes: list[int]) -> None:
                      if policy else "")
                   + (f"; plain timed again: {rec['plain_repeat']:.2f}x" if rec.get("policy_program") == "plain"
                      else ""), flush=True)
+            if FLAGS.engine_overhead and "in_turn_ms" in rec:
+                print_engine_overhead(rec, rec["method"])
             if FLAGS.profile:
                 print(f"    plain: {harness.profile_line(rec['plain_profile'])}\n"
                       f"    {rec['method']}: {harness.profile_line(rec['profile'])}", flush=True)

@@ -133,6 +133,25 @@ def test_drafter_step_cost_counts_the_commit(target):
     assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) == 0.0
 
 
+def test_step_in_turn_runs_every_kind_of_drafter_beside_other_calls(target):
+    """The drafter's and the target's work of one step, run in turn: a chain drafter with a commit (EAGLE-3), a tree
+    drafter (no commit) and one that drafts over the target's cache (layer skip) each give the three programs'
+    times; a call timed beside them is called once per round after its warm-up and its time returned."""
+    ids = ragged_prompts(1, seed=3)
+    calls = []
+    for name in ("eagle3", "eagle2-dynamic_tree", "layer_skip"):
+        fields, artifact = FACTORIES[name](Case(target, 3, ids, []))
+        p = api.prepare(target, ids, SpecConfig(max_new_tokens=8, **fields), artifact)
+        beside = {"loop": lambda: calls.append(name) or len(calls)} if name == "eagle3" else None
+        turn = costs.step_in_turn_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, reps=3, inner=2,
+                                          beside=beside)
+        assert min(turn.in_turn, turn.drafter, turn.verify) > 0, name
+        assert set(turn.beside) == ({"loop"} if beside else set())
+        if beside:
+            assert turn.beside["loop"][0] > 0 and turn.beside["loop"][1] == 1      # its time, its first result
+    assert calls == ["eagle3"] * 4 and turn.beside == {}         # one warm-up call, then one per round
+
+
 @pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores
 def test_measure_batch_times_plain_spec_and_policy(target, near_draft):
     ids = ragged_prompts(3, seed=5)
@@ -141,8 +160,9 @@ def test_measure_batch_times_plain_spec_and_policy(target, near_draft):
     machine = (1e11, 1e10)
     # Speculate up to batch 2: at batch 3 the policy is plain decoding itself, timed a second time.
     policy = dataclasses.replace(config, draft_len_schedule={2: 3})
-    row = harness.measure_batch(target, ids, plain, config, near_draft, policy, 1, machine)
+    row = harness.measure_batch(target, ids, plain, config, near_draft, policy, 1, machine, engine_overhead=True)
     assert row["batch"] == 3 and row["k"] == 3 and row["exact"] == "yes"
+    assert row["loop_ms_per_step"] > 0 and row["in_turn_ms"] > 0 and math.isfinite(row["engine_overhead"])
     assert row["policy_program"] == "plain" and row["policy_k"] == 0 and row["policy_plain_share"] == 1.0
     assert row["policy_speedup"] == 1.0 and math.isfinite(row["plain_repeat"])
     assert 0 <= row["alpha"] <= 1 and row["batch_tau"] >= 1 and row["buffer"] >= max(map(len, ids)) + 10
