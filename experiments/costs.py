@@ -184,6 +184,15 @@ def drafter_setup(drafter, draft_params, model, context: int, sp, batch: int,
     return _DrafterSetup(tokens, prompt_lengths, exposed, layers, prefill, state)
 
 
+def _verify_pass(model, su: _DrafterSetup, context: int, k: int):
+    """A verify pass on the setup's prefill: the last committed token (at context - 1) and the k random tokens
+    after it -> (verify_in [B, k + 1], the target's ForwardOut with the layers the drafter reads)."""
+    verify_in = su.tokens[:, context - 1:context + k]                                    # [B, k + 1]
+    lengths = jnp.full((su.tokens.shape[0],), context - 1, jnp.int32)
+    return verify_in, forward(model.params, model.config, verify_in, su.prefill.cache.replace(lengths=lengths),
+                              hidden_layers=su.layers)
+
+
 def _scalar_of(tree) -> jax.Array:
     """A float32 scalar that depends on every leaf of `tree` (its last element each), so the work that made the
     tree stays in a timing loop."""
@@ -232,11 +241,7 @@ def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 1
         return 0.0
     cfg, k = model.config, drafter.k
     su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
-    # The verify pass: the last committed token and k drafts at `context`, all accepted, then the bonus token.
-    verify_in = su.tokens[:, context - 1:context + k]                                    # [B, k + 1]
-    out = forward(model.params, cfg, verify_in,
-                  su.prefill.cache.replace(lengths=jnp.full((batch,), context - 1, jnp.int32)),
-                  hidden_layers=su.layers)
+    verify_in, out = _verify_pass(model, su, context, k)
     lengths = jnp.full((batch,), context + k + 1, jnp.int32)
     num_accepted = jnp.full((batch,), k, jnp.int32)
 
@@ -289,10 +294,7 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
     shares = shares_target_cache(drafter)
     commit_lengths, all_accepted = lengths + k + 1, jnp.full((batch,), k, jnp.int32)
-    # the drafter alone commits after this one verify pass (random tokens, as commit_seconds' is)
-    fixed_in = su.tokens[:, context - 1:context + k]                                        # [B, k + 1]
-    fixed_out = forward(model.params, cfg, fixed_in, su.prefill.cache.replace(lengths=lengths - 1),
-                        hidden_layers=su.layers)
+    fixed_in, fixed_out = _verify_pass(model, su, context, k)       # what the drafter alone commits after
 
     def step(i, carry, with_drafter, with_verify):
         last, state, cache = carry
