@@ -402,12 +402,46 @@ def roofline_inputs(model, context: int) -> dict:
                 flops_per_token=2 * params + attention)
 
 
-def thunk_profile(call: Callable[[], Any], calls: int = 1) -> dict[str, tuple[float, float]]:
+def hlo_signatures(hlo_text: str) -> dict[str, str]:
+    """{HLO instruction name: its signature} from a compiled program's text (jit(...).lower(...).compile()
+    .as_text()): a custom call's target, a fusion's kind (its name less the number: `ynn_fusion`, a dot handed to
+    YNNPACK) or another instruction's opcode, then its result shape (a tuple's first element), e.g.
+    `specjax_small_m_matmul f32[40,256]`, `select_add_fusion s32[8,5,4096]` or `conditional (s32[1], ...)`:
+    one key for every instance of one kernel at one shape, and the same key in two programs (thunk_profile's
+    `names`)."""
+    signatures = {}
+    for line in hlo_text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = (.*)", line)
+        if not m:
+            continue
+        name, rest = m.groups()
+        if rest.startswith("("):                    # a tuple: up to its closing parenthesis
+            depth, end = 0, 0
+            for end, ch in enumerate(rest):
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                if depth == 0:
+                    break
+            first = re.search(r"[a-z]+\d*\[[\d,]*\]", rest[:end])
+            shape, rest = f"({first.group(0) if first else ''}, ...)", rest[end + 1:]
+        else:
+            shape, _, rest = rest.partition(" ")
+            shape = re.sub(r"\{[^}]*\}$", "", shape)              # the layout
+        opcode = re.match(r"\s*([\w-]+)\(", rest)
+        if opcode:
+            target = re.search(r'custom_call_target="([\w.-]+)"', rest)
+            kind = re.sub(r"[.\d]+$", "", name) if opcode.group(1) == "fusion" else opcode.group(1)
+            signatures[name] = f"{target.group(1) if target else kind} {shape}"
+    return signatures
+
+
+def thunk_profile(call: Callable[[], Any], calls: int = 1,
+                  names: Mapping[str, str] | None = None) -> dict[str, tuple[float, float]]:
     """call() `calls` times under jax.profiler (warm it up first: compilation is not what this is for) ->
     {XLA operation kind: (thread ms, executions)} summed over the calls, every executed thunk on every XLA host
     thread, by its HLO name without the numeric suffix (`ynn_fusion`: a matmul handed to YNNPACK, `copy`,
-    `ffi_call`: a custom call such as the small-M matmul kernel, `cond`: a conditional with its branch). A kind that
-    runs on two threads at once counts twice: this is CPU time, not wall time."""
+    `ffi_call`: a custom call such as the small-M matmul kernel, `cond`: a conditional with its branch). names:
+    {HLO instruction name: the key its time is summed under instead} (hlo_signatures' of the program called). A
+    kind that runs on two threads at once counts twice: this is CPU time, not wall time."""
     where = tempfile.mkdtemp(prefix="thunk_profile_")
     try:
         with jax.profiler.trace(where):
@@ -423,7 +457,7 @@ def thunk_profile(call: Callable[[], Any], calls: int = 1) -> dict[str, tuple[fl
                     # containers (the executor, the loop) and waits: their time is their contents'
                     if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
                         continue
-                    kind = re.sub(r"[.\d]+$", "", ev.name)
+                    kind = (names or {}).get(ev.name) or re.sub(r"[.\d]+$", "", ev.name)
                     ns[kind] += ev.duration_ns
                     count[kind] += 1
     finally:

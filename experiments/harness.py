@@ -101,16 +101,21 @@ def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
 
 
 def loop_profile(target, ids: list[list[int]], config: SpecConfig, drafter: Any = None, calls: int = 2,
-                 top: int = 8) -> dict:
+                 top: int = 8, by: str = "kind") -> dict:
     """Where one decode call's loop iterations go: ids decoded as one batch by `config`, `calls` calls after a
     warm-up under jax.profiler (costs.thunk_profile), less the same calls generating one token (the prefill and
     the drafter's init, no loop iteration) -> {"iterations": loop iterations per call, "thread_ms": CPU ms per
     iteration, "copy_thread_ms": the `copy` kinds' part of it, "ops": the `top` kinds by time, {kind: {"thread_ms",
-    "per_iteration"}} per iteration}."""
+    "per_iteration"}} per iteration}. by: "kind" (the operation's HLO name less its number) or "signature" (its
+    kernel or opcode and result shape: costs.hlo_signatures of the compiled loop)."""
+    if by not in ("kind", "signature"):
+        raise ValueError(f"loop_profile by={by!r}: 'kind' or 'signature'")
+
     def profile(cfg):
         prepared = api.prepare(target, ids, cfg, drafter=drafter, pad_to=max(map(len, ids)))
         result = api.run(prepared)
-        return result, costs.thunk_profile(lambda: api.run(prepared), calls)
+        names = costs.hlo_signatures(api.compiled_text(prepared)) if by == "signature" else None
+        return result, costs.thunk_profile(lambda: api.run(prepared), calls, names)
     result, kinds = profile(config)
     _, before_loop = profile(dataclasses.replace(config, max_new_tokens=1))
     trace = result.stats.get("accept_trace")

@@ -45,8 +45,9 @@ loop's step over it is the engine's own overhead (acceptance, commits, bookkeepi
 between the run and the cost measurements. A drafter that learns across calls (suffix) gets the first part only.
 
 --profile adds where each loop iteration goes: the row's decode loop and its plain baseline run once more under
-jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind, the prefill subtracted;
-printed under the row and stored in it (`profile`, `plain_profile`).
+jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind (--profile_by=signature:
+by kernel or opcode and result shape), the prefill subtracted; printed under the row and stored in it (`profile`,
+`plain_profile`).
 
 Every row is written with experiments.tables.write_table (CSV + JSON, the command line, revision and date in its
 meta) under --out, default runs/speedup/speedup (batch 1) or runs/speedup/batch_scaling (--batch_sizes), with
@@ -116,6 +117,8 @@ flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (t
                   "the two timed apart, and the row's decode loop on its first prompt (or batch) timed in the same "
                   "rounds: the loop's step over the step in turn is the engine's own overhead (stored as "
                   "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
+flags.DEFINE_enum("profile_by", "kind", ["kind", "signature"], "--profile's grouping: by operation kind, or by "
+                  "signature (a kernel's or opcode's name and result shape, one key per kernel at one shape)")
 flags.DEFINE_bool("profile", False, "also profile each row's decode loop and its plain baseline by XLA operation "
                   "(experiments.harness.loop_profile: CPU ms per loop iteration by kind, on the row's first prompt or "
                   "its batch), printed and stored in the row as `profile` / `plain_profile`")
@@ -311,9 +314,9 @@ def one_at_a_time() -> None:
                 first = [harness.prompt_ids(target, prompts[0])]
                 one = drafter_arg[:1] if isinstance(drafter_arg, list) else drafter_arg
                 if key not in plain_profiles:                   # one per baseline, as the baselines themselves
-                    plain_profiles[key] = harness.loop_profile(target, first, plain_config)
-                records[-1].update(plain_profile=plain_profiles[key], profile=harness.loop_profile(target, first,
-                                                                                                   config, one))
+                    plain_profiles[key] = harness.loop_profile(target, first, plain_config, by=FLAGS.profile_by)
+                records[-1].update(plain_profile=plain_profiles[key], profile=harness.loop_profile(
+                    target, first, config, one, by=FLAGS.profile_by))
                 print(f"    plain: {harness.profile_line(records[-1]['plain_profile'])}\n"
                       f"    {name}: {harness.profile_line(records[-1]['profile'])}", flush=True)
             if stem:                            # after every row, so a crash later loses nothing measured
@@ -443,9 +446,9 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             if FLAGS.profile:
                 plain_key = (B, pset, plain_config)
                 if plain_key not in plain_profiles:
-                    plain_profiles[plain_key] = harness.loop_profile(target, ids, plain_config)
+                    plain_profiles[plain_key] = harness.loop_profile(target, ids, plain_config, by=FLAGS.profile_by)
                 rec.update(plain_profile=plain_profiles[plain_key],
-                           profile=harness.loop_profile(target, ids, config, drafter))
+                           profile=harness.loop_profile(target, ids, config, drafter, by=FLAGS.profile_by))
             records.append(rec)
             print(f"batch {B:>3} {rec['method']:>14} k={rec['k']}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
                   f"spec {rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {rec['predicted']:.2f}x, "

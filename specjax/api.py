@@ -21,8 +21,8 @@ from specjax.metrics import summarize
 from specjax.models.model import Model, load_model
 from specjax.sharding import shard_for_generate, to_host
 
-__all__ = ["GenerateResult", "Model", "Prepared", "available_drafters", "available_models", "generate",
-           "load_model", "prepare", "run"]
+__all__ = ["GenerateResult", "Model", "Prepared", "available_drafters", "available_models", "compiled_text",
+           "generate", "load_model", "prepare", "run"]
 
 
 @dataclasses.dataclass
@@ -126,6 +126,22 @@ def prepare(model: Model, prompts: Sequence, config: SpecConfig | dict | None = 
                     group_cache_sizes(groups, buffer_len, config.max_new_tokens, k), mesh)
 
 
+def _loop_arguments(p: Prepared) -> tuple:
+    return p.target_params, p.draft_params, p.prompts, p.prompt_lengths, p.request_keys, jnp.int32(p.eos_id)
+
+
+def _loop_settings(p: Prepared) -> dict:
+    return dict(cfg=p.model.config, drafter=p.drafter, spec=p.config, buffer_len=p.buffer_len,
+                prefill_groups=p.prefill_groups, prefill_order=p.prefill_order, cache_sizes=p.cache_sizes)
+
+
+def compiled_text(prepared: Prepared) -> str:
+    """The program run() runs for a prepared call (its one compiled decode loop), as XLA's text."""
+    p = prepared
+    with jax.set_mesh(p.mesh) if p.mesh is not None else contextlib.nullcontext():
+        return decode_loop.lower(*_loop_arguments(p), **_loop_settings(p)).compile().as_text()
+
+
 def run(prepared: Prepared) -> GenerateResult:
     """Decode a prepared call: the one compiled loop, outputs to the host (the caller's row order), the
     drafter's finish hook, texts and stats (stats["wall_s"] and the rates time the loop and the host transfer,
@@ -133,10 +149,7 @@ def run(prepared: Prepared) -> GenerateResult:
     p = prepared
     t0 = time.perf_counter()
     with jax.set_mesh(p.mesh) if p.mesh is not None else contextlib.nullcontext():   # traced under the mesh
-        tokens, num_new, stats = decode_loop(
-            p.target_params, p.draft_params, p.prompts, p.prompt_lengths, p.request_keys, jnp.int32(p.eos_id),
-            cfg=p.model.config, drafter=p.drafter, spec=p.config, buffer_len=p.buffer_len,
-            prefill_groups=p.prefill_groups, prefill_order=p.prefill_order, cache_sizes=p.cache_sizes)
+        tokens, num_new, stats = decode_loop(*_loop_arguments(p), **_loop_settings(p))
     n, ids = p.num_requests, p.request.prompts
     tokens, num_new = to_host(tokens)[:n], to_host(num_new)[:n]
     stats = jax.tree_util.tree_map(lambda x: to_host(x)[:n], stats)

@@ -190,6 +190,20 @@ def test_loop_profile_counts_loop_iterations_only(target, near_draft):
     assert "thread ms per iteration" in harness.profile_line(spec)
 
 
+def test_loop_profile_by_signature(target, near_draft):
+    """Grouped by signature, every key is a kernel's or opcode's name with a result shape (the same key in the
+    full call's and the one-token call's programs, so the prefill subtracts), the kinds' totals are kept, and an
+    unknown grouping is refused by name."""
+    ids = ragged_prompts(1, seed=2)
+    config = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=9, stop_at_eos=False)
+    spec = harness.loop_profile(target, ids, config, near_draft, calls=1, top=50, by="signature")
+    assert spec["thread_ms"] > 0 and spec["ops"]
+    assert all(" " in key and "[" in key for key in spec["ops"]), list(spec["ops"])
+    assert any(key.startswith("specjax_") for key in spec["ops"])          # the CPU kernels, by their target
+    with pytest.raises(ValueError, match="signature"):
+        harness.loop_profile(target, ids, config, near_draft, by="shape")
+
+
 def test_experiment_modules_the_tests_import_load_together():
     """pytest imports every experiment module a test names into one process: absl refuses a flag defined twice, so an
     entry point that defines its flags at import (not in define_flags()) must not share a flag name with another.
