@@ -135,11 +135,15 @@ def _loop_settings(p: Prepared) -> dict:
                 prefill_groups=p.prefill_groups, prefill_order=p.prefill_order, cache_sizes=p.cache_sizes)
 
 
+def _under_mesh(p: Prepared):
+    """The context the loop is traced in: under the call's mesh, if it has one."""
+    return jax.set_mesh(p.mesh) if p.mesh is not None else contextlib.nullcontext()
+
+
 def compiled_text(prepared: Prepared) -> str:
     """The program run() runs for a prepared call (its one compiled decode loop), as XLA's text."""
-    p = prepared
-    with jax.set_mesh(p.mesh) if p.mesh is not None else contextlib.nullcontext():
-        return decode_loop.lower(*_loop_arguments(p), **_loop_settings(p)).compile().as_text()
+    with _under_mesh(prepared):
+        return decode_loop.lower(*_loop_arguments(prepared), **_loop_settings(prepared)).compile().as_text()
 
 
 def run(prepared: Prepared) -> GenerateResult:
@@ -148,7 +152,7 @@ def run(prepared: Prepared) -> GenerateResult:
     not prepare())."""
     p = prepared
     t0 = time.perf_counter()
-    with jax.set_mesh(p.mesh) if p.mesh is not None else contextlib.nullcontext():   # traced under the mesh
+    with _under_mesh(p):
         tokens, num_new, stats = decode_loop(*_loop_arguments(p), **_loop_settings(p))
     n, ids = p.num_requests, p.request.prompts
     tokens, num_new = to_host(tokens)[:n], to_host(num_new)[:n]
