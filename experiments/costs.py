@@ -129,6 +129,11 @@ def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int 
     return fn, model.params, cache
 
 
+def _copied(tree):
+    """A fresh copy of a pytree of arrays, made before a timed call that donates it (off the clock)."""
+    return jax.block_until_ready(jax.tree.map(jnp.copy, tree))
+
+
 def forward_seconds(model, context: int, T: int, reps: int = 10, batch: int = 1,
                     cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
                     implementation: str = "xla") -> float:
@@ -147,8 +152,7 @@ def forward_seconds_alternating(model, context: int, positions: tuple[int, ...],
     looped = {T: looped_forward(model, context, T, batch, cache_size, inner, implementation) for T in positions}
     calls = {T: functools.partial(lambda fn, params, cache: jax.block_until_ready(fn(params, cache)), fn, params)
              for T, (fn, params, _) in looped.items()}
-    fresh = {T: functools.partial(lambda cache: jax.block_until_ready(jax.tree.map(jnp.copy, cache)), cache)
-             for T, (_, _, cache) in looped.items()}
+    fresh = {T: functools.partial(_copied, cache) for T, (_, _, cache) in looped.items()}
     seconds, _ = fastest_alternating(calls, reps, fresh_inputs=fresh, budget_s=budget_s)
     return {T: s / inner for T, s in seconds.items()}
 
@@ -336,7 +340,7 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
         return lambda carry: jax.block_until_ready(looped(carry))
 
     start = (jnp.int32(0), su.state, su.prefill.cache.replace(lengths=lengths - 1))
-    fresh = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, start))
+    fresh = functools.partial(_copied, start)
     calls = dict(in_turn=program(with_drafter=True, with_verify=True),
                  drafter=program(with_drafter=True, with_verify=False),
                  verify=program(with_drafter=False, with_verify=True))
@@ -402,6 +406,11 @@ def roofline_inputs(model, context: int) -> dict:
                 flops_per_token=2 * params + attention)
 
 
+def _kind(hlo_name: str) -> str:
+    """An HLO instruction's (or its thunk's) name less its number: `ynn_fusion.12` -> `ynn_fusion`."""
+    return re.sub(r"[.\d]+$", "", hlo_name)
+
+
 def hlo_signatures(hlo_text: str) -> dict[str, str]:
     """{HLO instruction name: its signature} from a compiled program's text (jit(...).lower(...).compile()
     .as_text()): a custom call's target, a fusion's kind (its name less the number: `ynn_fusion`, a dot handed to
@@ -429,7 +438,7 @@ def hlo_signatures(hlo_text: str) -> dict[str, str]:
         opcode = re.match(r"\s*([\w-]+)\(", rest)
         if opcode:
             target = re.search(r'custom_call_target="([\w.-]+)"', rest)
-            kind = re.sub(r"[.\d]+$", "", name) if opcode.group(1) == "fusion" else opcode.group(1)
+            kind = _kind(name) if opcode.group(1) == "fusion" else opcode.group(1)
             signatures[name] = f"{target.group(1) if target else kind} {shape}"
     return signatures
 
@@ -457,7 +466,7 @@ def thunk_profile(call: Callable[[], Any], calls: int = 1,
                     # containers (the executor, the loop) and waits: their time is their contents'
                     if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
                         continue
-                    kind = (names or {}).get(ev.name) or re.sub(r"[.\d]+$", "", ev.name)
+                    kind = (names or {}).get(ev.name) or _kind(ev.name)
                     ns[kind] += ev.duration_ns
                     count[kind] += 1
     finally:

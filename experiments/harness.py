@@ -192,7 +192,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     # alone, and the loop itself on the first prompt, at that loop's own context)
     turn = beside = None
     if engine_overhead:
-        beside = None if learns_across_calls(config.method) else loop_calls(target, prepared)
+        beside = loop_calls(target, prepared)
         turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
         turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
                                           reps=50, beside=beside, **target_timing,
@@ -226,20 +226,25 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
                 **({} if turn is None else engine_fields(turn, t1, tv)))
 
 
-def learns_across_calls(method: str) -> bool:
-    """A drafter that learns from each call's outputs (suffix decoding's global cache): repeated calls of one
-    prompt draft differently, so its loop cannot be timed again beside its costs (loop_calls)."""
-    return registry.get(method).finish is not None
-
-
-def loop_calls(target, prepared: api.Prepared) -> dict:
+def loop_calls(target, prepared: api.Prepared) -> dict | None:
     """The decode call of `prepared` and the same call generating one token (its prefill, the drafter's init and
     first proposal: no loop iteration, the same buffer), for costs.step_in_turn_seconds' `beside`: their
-    difference is the loop's iterations, timed in the same rounds as the step in turn (engine_fields)."""
+    difference is the loop's iterations, timed in the same rounds as the step in turn (engine_fields). None for a
+    drafter that learns from each call's outputs (suffix decoding's global cache): its repeated calls of one
+    prompt draft differently, so its loop cannot be timed again beside its costs."""
+    if registry.get(prepared.config.method).finish is not None:
+        return None
     one = dataclasses.replace(prepared.config, max_new_tokens=1, max_cache_len=prepared.buffer_len)
     first_token = api.prepare(target, prepared.request.prompts, one,
                               drafter=prepared.request.drafter, pad_to=prepared.prompts.shape[1])
     return {"loop": lambda: api.run(prepared), "prefill": lambda: api.run(first_token)}
+
+
+def loop_iterations(stats: dict) -> tuple[int, int]:
+    """A call's loop iterations and those in which no row verified drafts (nothing drafted: Draft.num_drafted),
+    which took one position, from its stats' accept_trace [B, iterations] (-1: none verified)."""
+    trace = np.asarray(stats["accept_trace"])
+    return trace.shape[1], int(np.sum(np.all(trace < 0, axis=0)))
 
 
 def engine_fields(turn: costs.InTurn, t1: float, tv: float) -> dict:
@@ -251,10 +256,7 @@ def engine_fields(turn: costs.InTurn, t1: float, tv: float) -> dict:
     if "loop" not in turn.beside:
         return fields
     loop_s, result = turn.beside["loop"]
-    st = result.stats
-    trace = np.asarray(st["accept_trace"])                           # [B, iterations]; -1: none verified
-    iterations = trace.shape[1]
-    one_position = int(np.sum(np.all(trace < 0, axis=0)))
+    iterations, one_position = loop_iterations(result.stats)
     loop_ms = 1e3 * (loop_s - turn.beside["prefill"][0]) / max(iterations, 1)
     turn_ms = 1e3 * (turn.in_turn - one_position / max(iterations, 1) * turn.verify * (1 - t1 / tv))
     return dict(fields, loop_ms_per_step=loop_ms, engine_overhead=loop_ms / turn_ms - 1)
@@ -324,9 +326,7 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     # The batch steps together: a loop iteration ends when its slowest row does, so the loop's tokens per
     # iteration (batch tau) is below the rows' mean tau once rows accept at different rates.
     steps = N - 1
-    iterations = stats["accept_trace"].shape[1]
-    # iterations in which no row verified drafts (nothing drafted: Draft.num_drafted) took one position
-    one_position = int(np.sum(np.all(np.asarray(stats["accept_trace"]) < 0, axis=0)))
+    iterations, one_position = loop_iterations(stats)
     batch_tau = steps / iterations
     steady = analysis.speedup_from_tau(batch_tau, draft_cost, tv / t1, one_position / iterations)
     # The whole call, as timed: both pay the target's prefill (in length groups, as generate() runs it),
@@ -341,7 +341,7 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
         turn = costs.step_in_turn_seconds(
             spec.drafter, spec.draft_params, target, context, config.sampling, batch=B, cache_size=buf,
             budget_s=COST_BUDGET_S, implementation=config.implementation,
-            beside=None if learns_across_calls(config.method) else loop_calls(target, spec))
+            beside=loop_calls(target, spec))
         engine = engine_fields(turn, t1, tv)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
