@@ -91,6 +91,8 @@ CHAIN_CASES = [
     pytest.param(3, 5, 70, 8, 2, 128, jnp.bfloat16, [17, 33, 64], id="g4-d128-bf16-ragged"),
     pytest.param(1, 1, 40, 8, 1, 64, jnp.float32, [29], id="g8-decode-T1"),
     pytest.param(2, 16, 48, 8, 1, 64, jnp.float32, [16, 45], id="g8-T16-multi-rowblock"),
+    # A prefill's many new entries: the GPU kernel's tail runs in several windows (SmolLM2's group of 3).
+    pytest.param(2, 150, 200, 3, 1, 64, jnp.float32, [150, 200], id="g3-prefill-T150"),
 ]
 TREE_CASES = [
     # parents per row; [T, T] mask when all rows share one tree
@@ -98,6 +100,9 @@ TREE_CASES = [
     pytest.param(2, 6, 70, 8, 2, 128, jnp.bfloat16, [40, 9],
                  [[-1, 0, 0, 0, 1, 4], [-1, 0, 1, 2, 3, 4]], id="g4-d128-bf16-per-row-trees"),
     pytest.param(1, 7, 33, 8, 1, 64, jnp.float32, [30], [[-1, 0, 1, 0, 3, 1, 5]], id="g8-tree"),
+    pytest.param(1, 70, 100, 2, 1, 64, jnp.float32, [90],
+                 [[-1] + [int(p) for p in np.random.default_rng(0).integers(0, np.arange(1, 70))]],
+                 id="g2-tree-70-nodes"),
 ]
 
 
@@ -240,6 +245,49 @@ def test_lowers_for_device(platform):
         for m in (None, mask):
             text = jax.jit(fn).trace(q, kv, kv, lengths, m).lower(lowering_platforms=(platform,)).as_text()
             assert target in text
+
+
+def _pallas_calls(jaxpr) -> list:
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            found += _pallas_calls(sub)
+    return found
+
+
+def _largest_load_rows(jaxpr) -> int:
+    """The most rows any load in a kernel's jaxpr (its loops' bodies included) reads at once."""
+    rows = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("get", "load"):
+            shape = eqn.outvars[0].aval.shape
+            rows = max(rows, shape[0] if len(shape) == 2 else 0)
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            rows = max(rows, _largest_load_rows(sub))
+    return rows
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["chain", "tree"])
+def test_gpu_kernel_windows_stay_small_for_many_new_entries(mask):
+    """The Triton kernel reads the cache in windows of at most max(64, block_kv) rows whatever T is: a prefill of
+    512 new entries read as one window asked an H200 for 262,400 bytes of shared memory (it has 232,448), at
+    SmolLM2's shapes in float32. The program still lowers for a GPU."""
+    import functools
+    from pallas_kernels.verify_attention.gpu import verify_attention_gpu
+    B, T, S = 1, 512, 1024
+    q = jax.ShapeDtypeStruct((B, T, 9, 64), jnp.float32)
+    kv = jax.ShapeDtypeStruct((B, 3, S, 64), jnp.float32)
+    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+    tree = jax.ShapeDtypeStruct((B, T, T), jnp.bool_) if mask else None
+    fn = functools.partial(verify_attention_gpu, scale=0.125, interpret=True)
+    kernels = _pallas_calls(jax.make_jaxpr(fn)(q, kv, kv, lengths, tree).jaxpr)
+    assert len(kernels) == 1
+    assert 0 < _largest_load_rows(kernels[0].params["jaxpr"]) <= 64
+    fn = jax.jit(functools.partial(verify_attention_gpu, scale=0.125))
+    text = fn.trace(q, kv, kv, lengths, tree).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text
 
 
 def test_xla_implementation_and_dispatch():

@@ -49,8 +49,8 @@ def _update(carry, q, k, v, vis, col_ok, *, scale, precision):
     return m_new, l_new, acc * alpha[:, None] + pv
 
 
-def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, block_m, block_kv, tail_n, num_splits,
-            num_cols, scale, has_mask, precision, normalize):
+def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, block_m, block_kv, tail_n, tail_block,
+            num_splits, num_cols, scale, has_mask, precision, normalize):
     # lengths_ref: [B] int32 (whole array)
     # q_ref: [block_m, D]          rows r = t * G + g of this (b, kv head, row block)
     # k_ref, v_ref: [S, D]         this (b, kv head)'s cache, left in place; read in windows
@@ -90,24 +90,36 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, num_new, group, block_m, bl
 
     carry = lax.fori_loop(lo, hi, body, carry)
 
-    # Tail: the T new columns [new_start, length), causal or tree visibility. Only the last split counts it.
-    ws = jnp.clip(new_start, 0, num_cols - tail_n)
-    cols = ws + lax.broadcasted_iota(jnp.int32, (tail_n,), 0)           # [Tn]
-    j = cols - new_start                                                # index inside the new block
-    col_ok = (j >= 0) & (j < num_new) & (split == num_splits - 1)
-    rows = row_block * block_m + lax.broadcasted_iota(jnp.int32, (block_m, tail_n), 0)
-    if has_mask:
-        # Gather mask[r, j(col)] with a one-hot matmul: onehot[jj, c] = (j(c) == jj). Exact for 0/1 values.
-        onehot = (lax.broadcasted_iota(jnp.int32, (tail_n, tail_n), 0) == j[None, :]).astype(jnp.float32)
-        seen = lax.dot_general(mask_ref[...], onehot, (((1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)     # [block_m, Tn]
-        new_vis = seen > 0.5
+    # Tail: the T new columns [new_start, length), causal or tree visibility, in windows of tail_block columns
+    # (a prefill's T new columns in one window would not fit a GPU's shared memory). Only the last split counts it.
+    rows = row_block * block_m + lax.broadcasted_iota(jnp.int32, (block_m, tail_block), 0)
+
+    def tail(c, carry, mask_cols=None):
+        start = new_start + c * tail_block
+        ws = jnp.clip(start, 0, num_cols - tail_block)
+        cols = ws + lax.broadcasted_iota(jnp.int32, (tail_block,), 0)   # [Tb]
+        j = cols - new_start                                            # index inside the new block
+        col_ok = (cols >= start) & (j >= 0) & (j < num_new) & (split == num_splits - 1)
+        if mask_cols is None:
+            new_vis = j[None, :] * group <= rows                        # causal: j <= r // G
+        else:
+            # Gather mask[r, j(col)] with a one-hot matmul: onehot[jj, col] = (j(col) == c * Tb + jj); exact for
+            # 0/1 values. Columns outside this window match no jj.
+            jj = lax.broadcasted_iota(jnp.int32, (tail_block, tail_block), 0) + c * tail_block
+            onehot = (jj == j[None, :]).astype(jnp.float32)
+            seen = lax.dot_general(mask_cols, onehot, (((1,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.float32)  # [block_m, Tb]
+            new_vis = seen > 0.5
+        k = k_ref[pl.ds(ws, tail_block), :]
+        v = v_ref[pl.ds(ws, tail_block), :]
+        return update(carry, k=k, v=v, vis=new_vis & col_ok[None, :], col_ok=col_ok)
+
+    if has_mask:                                                        # a tree: few windows, static mask slices
+        for c in range(tail_n // tail_block):
+            carry = tail(c, carry, mask_ref[:, c * tail_block:(c + 1) * tail_block])
     else:
-        new_vis = j[None, :] * group <= rows                            # causal: j <= r // G
-    vis = new_vis & col_ok[None, :]
-    k = k_ref[pl.ds(ws, tail_n), :]
-    v = v_ref[pl.ds(ws, tail_n), :]
-    m_i, l_i, acc = update(carry, k=k, v=v, vis=vis, col_ok=col_ok)
+        carry = lax.fori_loop(0, tail_n // tail_block, tail, carry)
+    m_i, l_i, acc = carry
 
     if normalize:
         o_ref, lse_ref = out_refs
@@ -150,6 +162,7 @@ def verify_attention_gpu(q, k_cache, v_cache, lengths, mask=None, *, scale: floa
     tail_n = max(16, _next_pow2(T))
     block_kv = max(16, _next_pow2(block_kv))
     block_kv = min(block_kv, max(16, _prev_pow2(S)))                   # no wider than the cache
+    tail_block = min(tail_n, max(64, block_kv))                         # both powers of two: it divides tail_n
     min_cols = max(block_kv, tail_n)
     if S < min_cols:                                                    # tiny caches only (tests)
         pad = ((0, 0), (0, 0), (0, min_cols - S), (0, 0))
@@ -199,7 +212,8 @@ def verify_attention_gpu(q, k_cache, v_cache, lengths, mask=None, *, scale: floa
 
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     kernel = functools.partial(
-        _kernel, num_new=T, group=G, block_m=block_m, block_kv=block_kv, tail_n=tail_n, num_splits=num_splits,
+        _kernel, num_new=T, group=G, block_m=block_m, block_kv=block_kv, tail_n=tail_n, tail_block=tail_block,
+        num_splits=num_splits,
         num_cols=S, scale=scale, has_mask=has_mask, precision=precision, normalize=normalize)
     outs = pl.pallas_call(
         kernel, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs,
