@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -225,6 +226,15 @@ def flag_values(*names: str) -> dict:
     return {name: FLAGS[name].value for name in names}
 
 
+_STARTED = time.perf_counter()
+
+
+def _elapsed() -> str:
+    """Seconds since the program started, on each progress line: on an accelerator compiling, not decoding, can
+    take most of a run's time, and a run cut off by a time limit then shows how far each row got."""
+    return f"[{time.perf_counter() - _STARTED:.0f} s]"
+
+
 def main(argv):
     del argv
     for module in FLAGS.drafter_modules:
@@ -267,10 +277,13 @@ def one_at_a_time() -> None:
             drafter_args.append(drafter_argument(target, run["method"], plain_outputs, run["drafter"]))
             configs.append(spec_config(run["method"], run["k"], run["tree"], artifact_name(run["method"], run),
                                        **run["overrides"]))
+        print(f"{_elapsed()} {pset}: plain decoding and {len(group)} run(s), compiled and timed side by side",
+              flush=True)
         (base_outs, base), *timed = run_prompts(target, prompts, [(plain_config, None)]
                                                 + list(zip(configs, drafter_args)))
         tps = base["tokens_per_s"]
-        print(f"plain decoding of {target.name} on {pset} at temperature {temperature}: {tps:.1f} tok/s, "
+        print(f"{_elapsed()} plain decoding of {target.name} on {pset} at temperature {temperature}: "
+              f"{tps:.1f} tok/s, "
               f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
               + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
                  else " read"))
@@ -305,7 +318,8 @@ def one_at_a_time() -> None:
                                 decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
                                 model_ms_per_step=model_ms, one_position_share=share, plain_passes=st["plain_passes"],
                                 **{f: pred[f] for f in ENGINE_FIELDS if f in pred}))
-            print(f"[{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: tau {st['tau']:.2f}, "
+            print(f"{_elapsed()} [{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: "
+                  f"tau {st['tau']:.2f}, "
                   f"per-position acceptance {per_pos}, speedup {measured:.2f}x (predicted {predicted:.2f}x)",
                   flush=True)
             if FLAGS.engine_overhead:
@@ -450,7 +464,8 @@ def batch_sweep(batch_sizes: list[int]) -> None:
                 rec.update(plain_profile=plain_profiles[plain_key],
                            profile=harness.loop_profile(target, ids, config, drafter, by=FLAGS.profile_by))
             records.append(rec)
-            print(f"batch {B:>3} {rec['method']:>14} k={rec['k']}: plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
+            print(f"{_elapsed()} batch {B:>3} {rec['method']:>14} k={rec['k']}: "
+                  f"plain {rec['plain_tokens_per_s']:7.0f} tok/s, "
                   f"spec {rec['tokens_per_s']:7.0f} ({rec['speedup']:.2f}x, predicted {rec['predicted']:.2f}x, "
                   f"loop alone {rec['predicted_steady']:.2f}x; prefill {rec['prefill_share']:.0%} of plain), "
                   f"alpha {rec['alpha']:.3f} tau {rec['tau']:.2f} (batch {rec['batch_tau']:.2f}) c_step "

