@@ -133,7 +133,8 @@ e2e() {
             --batch_sizes=2 --runs="$dflash,$sharegpt:ngram:4" --out="$WORK/e2e_batch8"
         return
     fi
-    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/specjax-jax-cache}
+    # Each compilation logged with its time and its duration, to tell compiling from the prediction's timing.
+    export JAX_LOG_COMPILES=1 JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/specjax-jax-cache}
     export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
     local row
     for row in eagle3 dflash layer_skip; do
