@@ -46,19 +46,18 @@ using namespace specjax_cpu;
 
 // A block holds MB rows x NV vectors of accumulators, at most kMaxAccumulators.
 // "nn" (w [K, N]), more rows than row-major takes (below): a strip is 4 vectors (64 columns with AVX-512) of up to
-// 6 rows, so that M <= 6 is one block over a half of K and each weight element is loaded once. A larger M is cut
-// into row blocks of 6 that take turns over chunks of kChunk rows of w: the chunk is read from memory by the first
-// block and from L1 by the others, the accumulators go through y between chunks (float32 stores: nothing is
-// rounded differently).
-// w rows are strided by N, so the hardware prefetchers, which stay inside a 4 KiB page, cannot follow them: each
-// step prefetches the lines kPrefetchRows rows ahead itself. With row blocks taking turns, every pass over a chunk
-// prefetches the NEXT chunk instead (of this strip, or the next strip's first) into L2, not L1 where the current
-// chunk is being reused: the passes after the first compute from cache, and memory would sit idle through them if
-// only the first asked for lines (measured: 1536 x 576 at M = 9-16, 1.2-1.4x M = 5's time -> 1.03-1.2x).
+// 6 rows. The strip runs over chunks of kChunk rows of w, M cut into row blocks of 6 that take turns over each
+// chunk: the chunk is read from memory by the first block and from L1 by the others, the accumulators go through y
+// between chunks (float32 stores: nothing is rounded differently).
+// w rows are strided by N, so the hardware prefetchers, which stay inside a 4 KiB page, cannot follow them: every
+// pass over a chunk prefetches the NEXT chunk (of this strip, or the next strip's first) into L2, not L1 where the
+// current chunk is being used, so that memory keeps streaming while a chunk is computed (measured: 1536 x 576 at
+// M = 9-16, 1.2-1.4x M = 5's time -> 1.03-1.2x). One row block (M <= 6) gains the same way: prefetching 16 rows
+// ahead into L1 instead left 1536 x 576 at M = 3-6 at 1.2-1.45x M = 1's time, chunks at 0.95-1.0x (and 576 x 576
+// at 1.05-1.2x against 1.1-1.4x; cpu_kernels.bench.bench_small_m_matmul, both builds alternating).
 constexpr int kStripVectors = 4;
 constexpr int kRowBlock = kMaxAccumulators / kStripVectors;
 constexpr int64_t kChunk = 64;
-constexpr int64_t kPrefetchRows = 16;
 
 // Rows [0, MB) of y, columns [n0, n0 + NV * 16), over k in [k0, k1): from zero when fresh, else from y. The step
 // at w row k prefetches the lines at w + k * N + n0 + ahead, into L2 only when to_l2.
@@ -108,18 +107,17 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
       for (int64_t v = v0; v < v1; ++v) store(y + m * N + v * kLanes, vec{});
     return;
   }
-  const bool chunked = M > kRowBlock;
-  const int64_t chunk = chunked ? kChunk : kb - ka;
+  const int64_t chunk = kChunk;
   for (int64_t v = v0; v < v1; v += kStripVectors) {
     const int nv = static_cast<int>(std::min<int64_t>(kStripVectors, v1 - v));
     for (int64_t k0 = ka; k0 < kb; k0 += chunk) {
-      int64_t ahead = kPrefetchRows * N;
-      if (chunked)                     // the next chunk of this strip, else the next strip's first (else nothing)
-        ahead = k0 + chunk < kb ? chunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
+      // the next chunk of this strip, else the next strip's first (else nothing)
+      const int64_t ahead =
+          k0 + chunk < kb ? chunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, M - m0));
         kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + chunk),
-                            fresh && k0 == ka, ahead, chunked);
+                            fresh && k0 == ka, ahead, true);
       }
     }
   }
