@@ -60,18 +60,17 @@ constexpr int kRowBlock = kMaxAccumulators / kStripVectors;
 constexpr int64_t kChunk = 64;
 
 // Rows [0, MB) of y, columns [n0, n0 + NV * 16), over k in [k0, k1): from zero when fresh, else from y. The step
-// at w row k prefetches the lines at w + k * N + n0 + ahead, into L2 only when to_l2.
+// at w row k prefetches the lines at w + k * N + n0 + ahead into L2.
 template <int MB, int NV>
 void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t n0, int64_t k0, int64_t k1,
-              bool fresh, int64_t ahead, bool to_l2) {
+              bool fresh, int64_t ahead) {
   vec acc[MB][NV];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NV; ++j) acc[m][j] = fresh ? vec{} : load(y + m * N + n0 + j * kLanes);
   const float* wp = w + k0 * N + n0;
   for (int64_t k = k0; k < k1; ++k, wp += N) {
     for (int j = 0; j < NV; ++j) {
-      if (to_l2) __builtin_prefetch(wp + ahead + j * kLanes, 0, 1);
-      else __builtin_prefetch(wp + ahead + j * kLanes);
+      __builtin_prefetch(wp + ahead + j * kLanes, 0, 1);
     }
     vec wv[NV];
     for (int j = 0; j < NV; ++j) wv[j] = load(wp + j * kLanes);
@@ -85,7 +84,7 @@ void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, in
 }
 
 using NnFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, bool,
-                     int64_t, bool);
+                     int64_t);
 
 template <int NV, int... MB>
 constexpr std::array<NnFn, sizeof...(MB)> nn_table(std::integer_sequence<int, MB...>) {
@@ -107,17 +106,16 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
       for (int64_t v = v0; v < v1; ++v) store(y + m * N + v * kLanes, vec{});
     return;
   }
-  const int64_t chunk = kChunk;
   for (int64_t v = v0; v < v1; v += kStripVectors) {
     const int nv = static_cast<int>(std::min<int64_t>(kStripVectors, v1 - v));
-    for (int64_t k0 = ka; k0 < kb; k0 += chunk) {
+    for (int64_t k0 = ka; k0 < kb; k0 += kChunk) {
       // the next chunk of this strip, else the next strip's first (else nothing)
       const int64_t ahead =
-          k0 + chunk < kb ? chunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
+          k0 + kChunk < kb ? kChunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, M - m0));
-        kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + chunk),
-                            fresh && k0 == ka, ahead, true);
+        kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + kChunk),
+                            fresh && k0 == ka, ahead);
       }
     }
   }

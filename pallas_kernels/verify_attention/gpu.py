@@ -213,8 +213,7 @@ def verify_attention_gpu(q, k_cache, v_cache, lengths, mask=None, *, scale: floa
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     kernel = functools.partial(
         _kernel, num_new=T, group=G, block_m=block_m, block_kv=block_kv, tail_n=tail_n, tail_block=tail_block,
-        num_splits=num_splits,
-        num_cols=S, scale=scale, has_mask=has_mask, precision=precision, normalize=normalize)
+        num_splits=num_splits, num_cols=S, scale=scale, has_mask=has_mask, precision=precision, normalize=normalize)
     outs = pl.pallas_call(
         kernel, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs,
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
