@@ -45,16 +45,22 @@ WORK=${WORK:-$OUT/r}          # each stage's output; $OUT gets one <part>.tgz of
 SMOKE=${SMOKE:-0}
 STASH=${STASH:-/tmp/specjax-stash}
 TARGET_FILE=SmolLM2-135M-Instruct.Q4_1.gguf   # the installed wheel's name: a drafter's checkpoint names its target
-if [ -f "$STASH/$TARGET_FILE" ]; then
-    GGUF=${GGUF:-$STASH/$TARGET_FILE} PROMPTS=${PROMPTS:-$STASH/prompts}
-    export SPECJAX_CHECKPOINTS=${SPECJAX_CHECKPOINTS:-$STASH/checkpoints}
-fi
-PROMPTS=${PROMPTS:-.dev/prompts}
-[ -d "$STASH/site" ] && export PYTHONPATH=$STASH/site${PYTHONPATH:+:$PYTHONPATH}
+GIVEN_GGUF=${GGUF:-} GIVEN_PROMPTS=${PROMPTS:-}
+GGUF=${GGUF:-smollm2-135m} PROMPTS=${PROMPTS:-.dev/prompts}
+
+use_stash() {                 # what $STASH holds, where the caller named nothing else (at start, and after stash)
+    if [ -d "$STASH/site" ] && [[ ":${PYTHONPATH:-}:" != *":$STASH/site:"* ]]; then
+        export PYTHONPATH=$STASH/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    if [ -f "$STASH/$TARGET_FILE" ]; then
+        GGUF=${GIVEN_GGUF:-$STASH/$TARGET_FILE} PROMPTS=${GIVEN_PROMPTS:-$STASH/prompts}
+        export SPECJAX_CHECKPOINTS=${SPECJAX_CHECKPOINTS:-$STASH/checkpoints}
+    fi
+}
+use_stash
 mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1 JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false
 if [ "$SMOKE" = 1 ]; then export JAX_PLATFORMS=cpu; else export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}; fi
-GGUF=${GGUF:-smollm2-135m}
 BUDGET=${BUDGET:-86400}
 START=$(date +%s)
 
@@ -164,9 +170,7 @@ stash() {
     if compgen -G "$STASH/whl/*.whl" > /dev/null && [ ! -d "$STASH/site" ]; then
         python -m pip install -q --no-index --no-deps --no-compile --target "$STASH/site" "$STASH"/whl/*.whl
     fi
-    [ -d "$STASH/site" ] && export PYTHONPATH=$STASH/site${PYTHONPATH:+:$PYTHONPATH}
-    [ -f "$STASH/$TARGET_FILE" ] && export SPECJAX_CHECKPOINTS=${SPECJAX_CHECKPOINTS:-$STASH/checkpoints} \
-        GGUF=$STASH/$TARGET_FILE PROMPTS=$STASH/prompts
+    use_stash
     echo "stash: $(cd "$STASH" && find . -maxdepth 2 | sort | tr '\n' ' ')"
 }
 
