@@ -86,7 +86,8 @@ def run_prompts(target, prompts, runs: list, rounds: int = 1, seed: int = 0,
             outs.extend(r.tokens)
             for key in ("generated_tokens", "accepted", "drafted", "target_passes", "plain_passes"):
                 totals[key] += r.stats[key]
-            totals["accept_hist"] = totals.get("accept_hist", 0) + np.asarray(r.stats["accept_hist"])
+            for key in ("accept_hist", "verify_hist"):
+                totals[key] = totals.get(key, 0) + np.asarray(r.stats[key])
             totals["first_tokens"] += len(idx)
             totals["buffer_len"] = r.stats["buffer_len"]
             totals["calls"] += 1
@@ -152,8 +153,9 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
     the i.i.d. acceptance that explains tau (chains) or tau over the measured cost of a step (trees). spec / base:
     the totals run_prompts returned for the speculative and the plain run; drafter_arg: what the run drafted from.
-    -> c, verify_cost, alpha_fit, predicted, steady (the measured decode loop without prefills, which is what
-    the formula models), one_position_share (steps that verified one position: nothing drafted), per-step
+    -> c, verify_cost (with SpecConfig.verify_widths: the mean over the run's verify passes, each at its width,
+    and verify_cost_full at k + 1), alpha_fit, predicted, steady (the measured decode loop without prefills, which
+    is what the formula models), one_position_share (steps that verified one position: nothing drafted), per-step
     times in ms (model_ms_per_step: what the prediction assumes a step costs). engine_overhead: also the step's
     drafter and target work run in turn (costs.step_in_turn_seconds) with the row's decode loop on its first
     prompt (or batch) timed in the same rounds (loop_calls), which on a shared machine is what tells the engine's
@@ -178,11 +180,17 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         if key not in memo:
             memo[key] = costs.forward_seconds(target, context, T, **target_timing, **kw)
         return memo[key]
-    # The decode step and the verify timed side by side (their quotient is the verify cost).
-    pair_key = (id(target), context, (1, k + 1), tuple(sorted(target_timing.items())))
+    # The decode step and the verify timed side by side (their quotient is the verify cost); with
+    # SpecConfig.verify_widths, every width the run's passes took (spec["verify_hist"]: passes by drafts verified).
+    hist = np.asarray(spec.get("verify_hist", np.zeros(k + 1)), dtype=float)
+    positions = (1, k + 1) + tuple(w + 1 for w in np.flatnonzero(hist[1:k]) + 1)
+    pair_key = (id(target), context, positions, tuple(sorted(target_timing.items())))
     if pair_key not in memo:
-        memo[pair_key] = costs.forward_seconds_alternating(target, context, (1, k + 1), reps=50, **target_timing)
-    t1, tv = memo[pair_key][1], memo[pair_key][k + 1]
+        memo[pair_key] = costs.forward_seconds_alternating(target, context, positions, reps=50, **target_timing)
+    t1, tv_full = memo[pair_key][1], memo[pair_key][k + 1]
+    tv = tv_full                 # the verify passes' mean cost, each at the width it took
+    if hist[1:].sum() > 0:
+        tv = sum(n * memo[pair_key][w + 1] for w, n in enumerate(hist) if w and n) / hist[1:].sum()
     # The drafter's work per step: its proposal and its commit after the verify.
     setup = costs.drafter_setup(prepared.drafter, prepared.draft_params, target, context, sp, batch, buf)
     t_propose, t_commit = costs.drafter_step_seconds(prepared.drafter, prepared.draft_params, target, context, sp,
@@ -205,7 +213,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     # i.i.d.): the drafter's proposal, then a (k+1)-position verify, or one position where nothing was drafted
     # (Draft.num_drafted). Chains: alpha_fit, the i.i.d. acceptance that explains tau of the verify steps (a
     # one-position step commits one token). Trees have no alpha.
-    share = spec.get("plain_passes", 0) / max(spec["target_passes"], 1)
+    share = (hist[0] / hist.sum() if hist.sum() else spec.get("plain_passes", 0) / max(spec["target_passes"], 1))
     tau_verified = (spec["tau"] - share) / (1 - share) if share < 1 else 1.0
     alpha_fit = analysis.alpha_from_tau(min(max(tau_verified, 1.0), k + 1 - 1e-9), k) if not is_tree else float("nan")
     predicted = analysis.speedup_from_tau(spec["tau"], k * c, verify_cost, share)
@@ -223,7 +231,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
                 commit_ms=t_commit * 1e3, verify_ms=tv * 1e3,
                 decode_ms=t1 * 1e3, one_position_share=share,
                 model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3,
-                **({} if turn is None else engine_fields(turn, t1, tv)))
+                **({} if tv == tv_full else dict(verify_cost_full=tv_full / t1)),
+                **({} if turn is None else engine_fields(turn, t1, tv_full)))
 
 
 def loop_calls(target, prepared: api.Prepared) -> dict | None:

@@ -11,9 +11,10 @@ of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node
 the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
 at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
 shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
-of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy), and any
-drafter option of the method (e.g. `humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For
-suffix decoding `drafter=` names its global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
+of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy; a tuple
+as verify_widths=1/2/4), and any drafter option of the method (e.g.
+`humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For suffix decoding `drafter=` names its
+global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
 Prompts are decoded one at a time (batch 1), as in the papers' tables; the runs that share a prompt set and a
 plain baseline are timed side by side with that one baseline, in alternating rounds.
 
@@ -167,8 +168,10 @@ def parse_run(entry: str) -> dict:
                              f"method={run['method']!r}: {sorted(options) or 'none'})")
         if value.lower() in ("true", "false"):
             value = value.lower() == "true"
+        elif "/" in value:                              # a tuple field, e.g. verify_widths=1/2/4
+            value = tuple(int(v) for v in value.split("/") if v)
         for cast in (int, float):
-            if isinstance(value, bool):
+            if not isinstance(value, str):
                 break
             try:
                 value = cast(value)
@@ -317,6 +320,8 @@ def one_at_a_time() -> None:
                                 commit_ms=pred["commit_ms"], verify_ms=tv * 1e3,
                                 decode_ms=t1 * 1e3, plain_ms_per_step=plain_ms, spec_ms_per_step=step_ms,
                                 model_ms_per_step=model_ms, one_position_share=share, plain_passes=st["plain_passes"],
+                                verify_hist=np.asarray(st["verify_hist"]).tolist(),
+                                verify_cost_full=pred.get("verify_cost_full", verify_cost),
                                 **{f: pred[f] for f in ENGINE_FIELDS if f in pred}))
             print(f"{_elapsed()} [{len(records)}/{len(FLAGS.runs)}] {pset} T={temperature:g} {name}: "
                   f"tau {st['tau']:.2f}, "
@@ -341,7 +346,8 @@ def one_at_a_time() -> None:
                          exact, plain_ms, t1 * 1e3, step_ms, model_ms, share))
 
     print("\nalpha = accepted/drafted; alpha_fit = i.i.d. acceptance that explains tau of the verify steps; c = draft "
-          "cost per token / target decode step; vcost = (k+1)-position verify / 1-position decode; 1pos = share of "
+          "cost per token / target decode step; vcost = (k+1)-position verify / 1-position decode (verify_widths: the "
+          "mean over the verify passes at their widths); 1pos = share of "
           "steps that verified one position (nothing drafted); predicted = tau / (k c + 1pos + (1 - 1pos) vcost), "
           "for a chain (1-a^(k+1))/((1-a)(k c + vcost)) with a = alpha_fit when 1pos = 0")
     hdr = (f"{'prompts':>9} {'T':>3} {'method':>28} {'k':>2} {'alpha':>6} {'a_fit':>6} {'tau':>5} {'tok/s':>7} "

@@ -61,6 +61,15 @@ class SpecConfig:
     # is verified. The drafts are still verified exactly: greedy output stays plain greedy output and sampled
     # output keeps the target's distribution. None: every step verifies k + 1.
     draft_confidence_threshold: float | None = None
+    # Narrower verify passes for a drafter that says how much it proposed (prompt lookup, suffix decoding,
+    # predicted outputs; a chain under draft_confidence_threshold): each step verifies the fewest of these draft
+    # counts (and k) that hold every active row's proposal, so a step whose rows proposed 1 or 2 drafts verifies
+    # 2 or 3 positions, not k + 1 (where a wider pass costs more than a decode step, as on a CPU). Drafts past the
+    # width are filler and are not verified; the output is unchanged (greedy) or keeps the target's distribution
+    # (sampled: the width is fixed before the drafts it cuts are drawn; which draw a request gets then depends on
+    # its batch mates' widths, as with draft_len_schedule). Each width is one more compiled copy of the step. None: the method's default (suffix decoding: the powers of two below k;
+    # others k only); (): k only.
+    verify_widths: tuple | None = None
 
     def __post_init__(self):
         spec = registry.get(self.method)
@@ -157,6 +166,18 @@ class SpecConfig:
                 raise ValueError(f"draft_confidence_threshold must be in (0, 1] (a probability), got {c!r}")
             if self.is_tree:
                 raise ValueError("draft_confidence_threshold applies to chains; a tree verifies all its nodes")
+        widths = self.verify_widths
+        if widths is None and self.k and registry.get(self.method).verify_widths is not None:
+            widths = registry.get(self.method).verify_widths(self.k)       # the method's default
+        if widths is not None:
+            if not isinstance(widths, (list, tuple)) or not all(
+                    isinstance(w, int) and not isinstance(w, bool) and 1 <= w < self.k for w in widths):
+                raise ValueError(f"verify_widths must be draft counts in [1, k) = [1, {self.k}) (k itself is always "
+                                 f"one), got {widths!r}")
+            if self.is_tree:
+                raise ValueError("verify_widths applies to chains and drafters' own trees; a configured tree verifies "
+                                 "all its nodes")
+            object.__setattr__(self, "verify_widths", tuple(sorted(set(widths))))   # hashable: a static jit arg
         t, w = self.acceptance_rate_threshold, self.acceptance_rate_window_size
         if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t <= 1):
             raise ValueError(f"acceptance_rate_threshold must be in [0, 1] (accepted / drafted), got {t!r}")
@@ -202,7 +223,8 @@ class SpecConfig:
             return SpecConfig(**{f: getattr(self, f) for f in plain})
         if self.is_tree:
             return dataclasses.replace(self, draft_len_schedule=None)
-        return dataclasses.replace(self, num_speculative_tokens=k, draft_len_schedule=None)
+        narrower = None if self.verify_widths is None else tuple(w for w in self.verify_widths if w < k)
+        return dataclasses.replace(self, num_speculative_tokens=k, draft_len_schedule=None, verify_widths=narrower)
 
     def option(self, name: str) -> Any:
         """The value of one of the method's drafter_options, or its declared default."""

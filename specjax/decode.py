@@ -36,17 +36,19 @@ from specjax.drafters.base import Context, Draft, Drafter, Verified, last_tokens
 from specjax.models.config import ModelConfig
 from specjax.models.llama import ForwardOut, forward, kv_heads
 from specjax.sampling import greedy_token, probabilities, sample
+from specjax.trees import first_nodes
 from specjax.verify import accept
 
 
 class DecodeStats(NamedTuple):
     steps: jax.Array            # [B] target passes after prefill (verify passes and one-position steps)
-    drafted: jax.Array          # [B] draft tokens proposed
+    drafted: jax.Array          # [B] draft tokens verified (k, or the row's own verify width, in each step it proposed)
     accepted: jax.Array         # [B] draft tokens accepted
     accept_hist: jax.Array      # [B, k+1] how often 0..k drafts were accepted in a speculative step
     plain_steps: jax.Array      # [B] one-position steps: the row proposed nothing (Draft.num_drafted), or the
                                 # acceptance policy switched speculation off
     accept_trace: jax.Array     # [B, max_new_tokens] drafts accepted at loop step t; -1: inactive or one position
+    verify_hist: jax.Array      # [B, k+1] active steps by the drafts the target pass verified (0: one position)
 
 
 class PolicyState(NamedTuple):
@@ -243,8 +245,9 @@ class Verification(NamedTuple):
 
 
 def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | GroupedKVCache,
-            keys: jax.Array) -> Verification:
-    """One target forward over the last committed token and the draft, then the acceptance rule (keys [B]).
+            keys: jax.Array, limit: jax.Array | None = None) -> Verification:
+    """One target forward over the last committed token and the draft, then the acceptance rule (keys [B]; limit
+    [B]: the drafts each row offers, verify.accept's).
     A chain feeds [B, k+1] tokens; a tree its T nodes (root = the last committed token), and the KV entries of
     the accepted root-to-node path (slots lengths + node index) are compacted to contiguous slots from lengths."""
     spec = run.spec
@@ -253,14 +256,14 @@ def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | Groupe
         out = forward(run.target_params, run.cfg, verify_in, cache, hidden_layers=run.target_layers,
                       implementation=spec.implementation)
         verified = Verified(verify_in, None, out)
-        acc = accept(spec, keys, draft.tokens, draft.probs, out.logits)
+        acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, limit=limit)
         return Verification(_accepted_then_next(draft.tokens, acc.num_accepted, acc.next_token),
                             acc.num_accepted, out, verified)
     tree = draft.tree
     out = forward(run.target_params, run.cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
                   hidden_layers=run.target_layers, implementation=spec.implementation)
     verified = Verified(tree.tokens, tree.parents, out)
-    acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, tree)
+    acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, tree, limit)
     idx = jnp.maximum(acc.path, 0)                                                  # [B, D+1], -1 pads -> root
     drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
     new = _accepted_then_next(drafted, acc.num_accepted, acc.next_token)            # [B, D+1]
@@ -270,13 +273,14 @@ def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | Groupe
     return Verification(new, acc.num_accepted, out, verified)
 
 
-def _update_policy(run: LoopInputs, p: PolicyState, drafting: jax.Array, n: jax.Array) -> PolicyState:
+def _update_policy(run: LoopInputs, p: PolicyState, drafting: jax.Array, n: jax.Array,
+                   offered: jax.Array) -> PolicyState:
     """The window after one speculative step: drafting [B] the active rows that proposed, n [B] drafts each
-    accepted."""
+    accepted, offered [B] drafts each row's verification offered."""
     window = run.spec.acceptance_rate_window_size
     slot = p.filled % window
     accepted = p.accepted.at[slot].set(jnp.sum(jnp.where(drafting, n, 0)))
-    drafted = p.drafted.at[slot].set(run.drafter.k * jnp.sum(drafting.astype(jnp.int32)))
+    drafted = p.drafted.at[slot].set(jnp.sum(jnp.where(drafting, offered, 0)))
     filled = p.filled + 1
     # accepted / drafted < threshold without dividing (a window of finished rows drafts nothing)
     low = (filled >= window) & (jnp.sum(accepted) < run.spec.acceptance_rate_threshold * jnp.sum(drafted))
@@ -318,26 +322,61 @@ def _gate_by_confidence(run: LoopInputs, draft: Draft) -> Draft:
     return draft._replace(num_drafted=num_drafted, confidence=None)
 
 
-def _drafts_something(s: LoopState) -> jax.Array:
-    """[] bool: some active row has a proposal for the coming step (Draft.num_drafted)."""
-    return jnp.any((s.pending.num_drafted > 0) & ~s.done)
+def verify_widths(spec: SpecConfig, k: int) -> tuple[int, ...]:
+    """The drafts a loop pass may verify, ascending: 0 (a one-position step), SpecConfig.verify_widths below k
+    (a schedule's smaller k drops the rest), and k."""
+    return (0,) + tuple(sorted({w for w in spec.verify_widths or () if w < k})) + (k,)
 
 
-def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
-    """verify the pending proposal -> accept -> commit, for every row (a finished row commits nothing), then
-    propose for the next step."""
+def _width_index(num_drafted: jax.Array, widths: tuple[int, ...]) -> jax.Array:
+    """num_drafted [...] -> [...] int32: the index into widths of the fewest drafts that hold that many."""
+    return jnp.sum(jnp.asarray(widths[:-1]) < num_drafted[..., None], axis=-1).astype(jnp.int32)
+
+
+def _width_needed(s: LoopState, widths: tuple[int, ...]) -> jax.Array:
+    """[] int32: the index into widths of the pass that holds every active row's proposal (Draft.num_drafted)."""
+    return _width_index(jnp.max(jnp.where(s.done, 0, s.pending.num_drafted)), widths)
+
+
+def first_drafts(draft: Draft, width: int) -> Draft:
+    """The draft cut to its first `width` drafts, what a narrower pass verifies (a tree: its root and first width
+    nodes, a tree again since a parent precedes its children); num_drafted is kept. A drafter's proposals come
+    first (Draft.num_drafted), so the cut drops filler only."""
+    k = draft.tokens.shape[1]
+    if width == k:
+        return draft
+    if draft.tree is None:
+        probs = None if draft.probs is None else draft.probs[:, :width]
+        return draft._replace(tokens=draft.tokens[:, :width], probs=probs)
+    if draft.probs is not None:
+        # Sampled siblings are verified in the order they were drawn, which a node order need not follow.
+        raise ValueError("verify_widths: a sampled token tree (Draft.probs) cannot be verified in part")
+    return draft._replace(tokens=draft.tokens[:, :width], tree=first_nodes(draft.tree, width + 1))
+
+
+def speculative_step(run: LoopInputs, s: LoopState, width: int | None = None) -> LoopState:
+    """verify the pending proposal (its first `width` drafts; None: all k) -> accept -> commit, for every row (a
+    finished row commits nothing), then propose for the next step."""
     k = run.drafter.k
+    width = k if width is None else width
     keys = _step_key_pairs(run, s)
     ctx = _context(run, s)
-    draft = s.pending
-    v = _verify(run, ctx, draft, s.cache, keys[:, 1])
+    draft = first_drafts(s.pending, width)
+    offered, limit = jnp.full(s.length.shape, width, jnp.int32), None                 # [B] drafts verified
+    widths = verify_widths(run.spec, k)
+    if draft.num_drafted is not None and len(widths) > 2:
+        # Each row is verified at its own width, the fewest that holds its proposal (the pass may be wider for
+        # a batch mate): so a request's output does not depend on its batch mates, sampled or greedy.
+        own = jnp.asarray(widths, jnp.int32)[_width_index(draft.num_drafted, widths)]      # [B]
+        offered = limit = jnp.minimum(own, width)
+    v = _verify(run, ctx, draft, s.cache, keys[:, 1], limit)
     n, new = v.num_accepted, v.new                                                    # [B], [B, D+1]
     active = ~s.done
     drafting = active                                                                 # [B] rows that proposed
     if draft.num_drafted is not None:
         # A row that proposed nothing gets what a one-position step gives it (its filler is no draft): the
         # target's token from the first position, with the same key. So its output does not depend on whether
-        # a batch mate's proposal made this step k + 1 positions wide.
+        # a batch mate's proposal made this step wider.
         proposed = draft.num_drafted > 0
         n = jnp.where(proposed, n, 0)
         own = _target_token(v.verified.out.logits[:, 0], keys[:, 1], run.spec)       # [B]
@@ -349,10 +388,11 @@ def speculative_step(run: LoopInputs, s: LoopState) -> LoopState:
     cache = v.out.cache.replace(lengths=s.cache.lengths + count)
     a, d = active.astype(jnp.int32), drafting.astype(jnp.int32)
     st = s.stats
-    stats = DecodeStats(st.steps + a, st.drafted + d * k, st.accepted + d * n,
+    stats = DecodeStats(st.steps + a, st.drafted + d * offered, st.accepted + d * n,
                         st.accept_hist + d[:, None] * jax.nn.one_hot(n, k + 1, dtype=jnp.int32),
-                        st.plain_steps + a - d, st.accept_trace.at[:, s.step].set(jnp.where(drafting, n, -1)))
-    policy = None if s.policy is None else _update_policy(run, s.policy, drafting, n)
+                        st.plain_steps + a - d, st.accept_trace.at[:, s.step].set(jnp.where(drafting, n, -1)),
+                        st.verify_hist.at[:, width].add(a))
+    policy = None if s.policy is None else _update_policy(run, s.policy, drafting, n, offered)
     return _propose_ahead(run, committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1,
                                                   stats=stats, policy=policy))
 
@@ -375,26 +415,35 @@ def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> L
                                          Verified(tokens, None, out))
     cache = out.cache.replace(lengths=s.cache.lengths + count)
     a = (~s.done).astype(jnp.int32)
-    stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a)
+    stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a,
+                             verify_hist=s.stats.verify_hist.at[:, 0].add(a))
     s = committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats)
     return _propose_ahead(run, s) if commit_drafter else s
 
 
 def _speculation_loop(run: LoopInputs, state: LoopState, speculating) -> LoopState:
     """Speculative steps while running and speculating(s) ([] bool). A drafter that says how much it drafted
-    (Draft.num_drafted) gets the step's width chosen per step: k + 1 positions when some active row proposed
-    something, else a one-position step. Nested while loops rather than a lax.cond per step: the carried KV
-    cache stays in place (decode_loop says why)."""
+    (Draft.num_drafted) gets the step's width chosen per step: the fewest of verify_widths' draft counts that hold
+    every active row's proposal, a one-position step when no active row proposed anything. Nested while loops
+    (one per width) rather than a lax.switch per step: the carried KV cache stays in place (decode_loop says
+    why)."""
     keep_going = lambda s: _running(run, s) & speculating(s)
-    speculate = functools.partial(speculative_step, run)
+    k = run.drafter.k
     if state.pending.num_drafted is None:
-        return lax.while_loop(keep_going, speculate, state)
-    one_position = functools.partial(plain_step, run, commit_drafter=True)
+        if run.spec.verify_widths:
+            raise ValueError(f"verify_widths: method={run.spec.method!r} does not say how much it drafted "
+                             "(Draft.num_drafted), so every step verifies all k drafts; it applies to prompt lookup, "
+                             "suffix decoding, predicted outputs and chains under draft_confidence_threshold")
+        return lax.while_loop(keep_going, functools.partial(speculative_step, run), state)
+    widths = verify_widths(run.spec, k)
+    steps = [functools.partial(plain_step, run, commit_drafter=True)] + [
+        functools.partial(speculative_step, run, width=w) for w in widths[1:]]
 
-    def wide_then_narrow(s):   # each inner loop runs until the width changes, so every pass advances
-        s = lax.while_loop(lambda s: keep_going(s) & _drafts_something(s), speculate, s)
-        return lax.while_loop(lambda s: _running(run, s) & ~_drafts_something(s), one_position, s)
-    return lax.while_loop(keep_going, wide_then_narrow, state)
+    def each_width(s):   # each inner loop runs until the width changes, so every pass advances
+        for i, step in enumerate(steps):
+            s = lax.while_loop(lambda s, i=i: keep_going(s) & (_width_needed(s, widths) == i), step, s)
+        return s
+    return lax.while_loop(keep_going, each_width, state)
 
 
 def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups: tuple[tuple[int, int], ...],
@@ -419,7 +468,7 @@ def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups:
     state = LoopState(tokens, length, jnp.ones((B,), jnp.int32), (first == run.eos_id) | (max_new <= 1),
                       prefill.cache.replace(lengths=run.prompt_lengths), draft_state, None, jnp.int32(0),
                       DecodeStats(zeros, zeros, zeros, jnp.zeros((B, k + 1), jnp.int32), zeros,
-                                  jnp.full((B, max_new), -1, jnp.int32)), policy)
+                                  jnp.full((B, max_new), -1, jnp.int32), jnp.zeros((B, k + 1), jnp.int32)), policy)
     return _propose_ahead(run, state)
 
 

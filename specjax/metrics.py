@@ -21,7 +21,7 @@ def rates(generated: int, first_tokens: int, target_passes: int, accepted: int, 
 
 
 def summarize(stats, num_new, wall_s: float) -> dict:
-    """stats: DecodeStats as numpy (steps, drafted, accepted, plain_steps [B]; accept_hist [B, k+1];
+    """stats: DecodeStats as numpy (steps, drafted, accepted, plain_steps [B]; accept_hist, verify_hist [B, k+1];
     accept_trace [B, max_new_tokens])."""
     steps = int(np.sum(stats.steps))
     drafted = int(np.sum(stats.drafted))
@@ -40,6 +40,8 @@ def summarize(stats, num_new, wall_s: float) -> dict:
         # [B, loop steps] drafts accepted per row and step (-1: row finished, or a plain step): the per-step
         # acceptance trace experiments.simulate replays
         "accept_trace": np.asarray(stats.accept_trace)[:, :int(np.max(stats.steps, initial=0))],
+        # target passes by the drafts each verified (0: one position; SpecConfig.verify_widths), over rows
+        "verify_hist": np.sum(np.asarray(stats.verify_hist), axis=0).tolist(),
         "wall_s": wall_s,
         **rates(generated, int(np.count_nonzero(num_new)), steps, accepted, drafted, hist, wall_s),
     }

@@ -216,6 +216,16 @@ def tree_from_spec(spec: TreeSpec, tokens: jax.Array) -> Tree:
                 source=rows(np.arange(-1, t - 1, dtype=np.int32)), max_depth=spec.max_depth)
 
 
+def first_nodes(tree: Tree, num_nodes: int) -> Tree:
+    """The tree of the first num_nodes nodes of every row (root included): a tree again, since each node's parent
+    precedes it."""
+    cut = lambda a: a[:, :num_nodes]
+    depth = num_nodes - 1 if tree.max_depth is None else min(tree.max_depth, num_nodes - 1)
+    return Tree(tokens=cut(tree.tokens), parents=cut(tree.parents), depths=cut(tree.depths),
+                mask=tree.mask[:, :num_nodes, :num_nodes], scores=cut(tree.scores), source=cut(tree.source),
+                max_depth=depth)
+
+
 def _walk_up(parents: jax.Array, start: jax.Array, steps: int) -> jax.Array:
     """[..., N, steps + 1] of start, parent(start), parent(parent(start)), ..., -1 once past the root.
 

@@ -27,10 +27,18 @@ def leading_true(accept: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
 
 
-def chain_greedy(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """draft_tokens [B, k], target_logits [B, k+1, V] -> (num_accepted [B], next_token [B])."""
+def _offered(draft_tokens: jax.Array, limit: jax.Array | None) -> jax.Array:
+    """[B, k] bool: the drafts each row offers, its first limit[b] (None: all k)."""
+    k = draft_tokens.shape[1]
+    return jnp.ones(draft_tokens.shape, bool) if limit is None else jnp.arange(k)[None, :] < limit[:, None]
+
+
+def chain_greedy(draft_tokens: jax.Array, target_logits: jax.Array,
+                 limit: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """draft_tokens [B, k], target_logits [B, k+1, V] -> (num_accepted [B], next_token [B]). limit [B]: each row
+    offers only its first limit[b] drafts (the result is what a chain of that length gives); None: all k."""
     target_tokens = greedy_token(target_logits)                                     # [B, k+1]
-    n = leading_true(draft_tokens == target_tokens[:, :-1])
+    n = leading_true((draft_tokens == target_tokens[:, :-1]) & _offered(draft_tokens, limit))
     next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
     return n, next_token
 
@@ -43,9 +51,11 @@ def residual_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
 
 
 def chain_sampled(keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array | None,
-                  target_probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+                  target_probs: jax.Array, limit: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """keys [B] (one PRNG key per row), draft_tokens [B, k], draft_probs [B, k, V] or None (one-hot drafts),
-    target_probs [B, k+1, V] -> (num_accepted [B], next_token [B])."""
+    target_probs [B, k+1, V] -> (num_accepted [B], next_token [B]). limit [B]: as chain_greedy's; a row's draw is
+    then the one a chain of limit[b] drafts gets from its key (the uniforms of its first drafts are the first of
+    the k: jax's partitionable threefry draws element i from the key and i alone)."""
     B, k = draft_tokens.shape
     V = target_probs.shape[-1]
     if draft_probs is None:
@@ -53,15 +63,16 @@ def chain_sampled(keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Arr
     p_d = jnp.take_along_axis(target_probs[:, :k], draft_tokens[..., None], axis=-1)[..., 0]   # [B, k]
     q_d = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]           # [B, k]
 
-    def row(key, p_d, q_d, p, q):
+    def row(key, p_d, q_d, p, q, offered, lim):
         k_accept, k_next = jax.random.split(key)
         u = jax.random.uniform(k_accept, (k,))
-        n = leading_true(u * q_d < p_d)                  # u < p/q without dividing; p == 0 never accepts
-        q_n = jnp.where(n < k, q[jnp.minimum(n, k - 1)], 0.0) if k else 0.0
-        dist = residual_distribution(p[n], q_n)          # n == k: q_n = 0, so this is p_{k+1} (the bonus)
+        n = leading_true((u * q_d < p_d) & offered)      # u < p/q without dividing; p == 0 never accepts
+        q_n = jnp.where(n < lim, q[jnp.minimum(n, k - 1)], 0.0) if k else 0.0
+        dist = residual_distribution(p[n], q_n)          # n == lim: q_n = 0, so this is p_{lim+1} (the bonus)
         return n, jax.random.categorical(k_next, jnp.log(dist)).astype(jnp.int32)
 
-    return jax.vmap(row)(keys, p_d, q_d, target_probs, draft_probs)
+    lim = jnp.full((B,), k, jnp.int32) if limit is None else limit
+    return jax.vmap(row)(keys, p_d, q_d, target_probs, draft_probs, _offered(draft_tokens, limit), lim)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,13 +134,15 @@ def typical_threshold(p: jax.Array, posterior_threshold: float, posterior_alpha:
 
 
 def chain_typical_lossy(keys: jax.Array, draft_tokens: jax.Array, target_probs: jax.Array,
-                        posterior_threshold: float, posterior_alpha: float) -> tuple[jax.Array, jax.Array]:
+                        posterior_threshold: float, posterior_alpha: float,
+                        limit: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """LOSSY. keys [B], draft_tokens [B, k], target_probs [B, k+1, V] -> (num_accepted, next_token): accept the
     longest prefix whose every token has target probability above the typical threshold, then sample the next
-    token from the target's distribution there."""
+    token from the target's distribution there. limit: as chain_greedy's."""
     k = draft_tokens.shape[1]
     p_d = jnp.take_along_axis(target_probs[:, :k], draft_tokens[..., None], axis=-1)[..., 0]   # [B, k]
-    n = leading_true(p_d > typical_threshold(target_probs[:, :k], posterior_threshold, posterior_alpha))
+    typical = p_d > typical_threshold(target_probs[:, :k], posterior_threshold, posterior_alpha)
+    n = leading_true(typical & _offered(draft_tokens, limit))
     p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]                  # [B, V]
     return n, jax.vmap(lambda key, p: jax.random.categorical(key, jnp.log(p)))(keys, p_next).astype(jnp.int32)
 
@@ -230,29 +243,35 @@ class Accepted(NamedTuple):
 
 
 def accept(spec: SpecConfig, keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array | None,
-           target_logits: jax.Array, tree: Tree | None = None) -> Accepted:
+           target_logits: jax.Array, tree: Tree | None = None, limit: jax.Array | None = None) -> Accepted:
     """The acceptance rule `spec` asks for: greedy at temperature 0 (the target's argmax decides), else its
     acceptance_method: "exact" speculative sampling (chain_sampled / tree_sampled) or Medusa's "typical_lossy".
 
     A chain (tree None): keys [B], draft_tokens [B, k], draft_probs [B, k, V] or None (deterministic drafts),
     target_logits [B, k+1, V]. A tree: its T = k + 1 nodes (root first), draft_probs [B, T, V] or None as
-    tree_sampled takes them, target_logits [B, T, V]; draft_tokens (its nodes past the root) are not read."""
+    tree_sampled takes them, target_logits [B, T, V]; draft_tokens (its nodes past the root) are not read.
+    limit [B] or None: each row offers only its first limit[b] drafts (a tree: nodes 1..limit[b]; the others are
+    cut off it), and gets what a pass over only those gives it from its key (a row's result does not depend on
+    how much wider its batch mates made the pass)."""
     sp = spec.sampling
     if tree is None:
         if sp.greedy:
-            n, nxt = chain_greedy(draft_tokens, target_logits)
+            n, nxt = chain_greedy(draft_tokens, target_logits, limit)
         elif spec.acceptance_method == "typical_lossy":
             n, nxt = chain_typical_lossy(keys, draft_tokens, probabilities(target_logits, sp),
-                                         spec.posterior_threshold, spec.posterior_alpha)
+                                         spec.posterior_threshold, spec.posterior_alpha, limit)
         else:
-            n, nxt = chain_sampled(keys, draft_tokens, draft_probs, probabilities(target_logits, sp))
+            n, nxt = chain_sampled(keys, draft_tokens, draft_probs, probabilities(target_logits, sp), limit)
         return Accepted(n, nxt, None)
+    parents = tree.parents
+    if limit is not None:             # a node past the limit has no parent: never on a path from the root
+        parents = jnp.where(jnp.arange(parents.shape[1])[None, :] <= limit[:, None], parents, -1)
     if sp.greedy:
-        path, n, nxt = tree_greedy(tree.tokens, tree.parents, target_logits, tree.max_depth)
+        path, n, nxt = tree_greedy(tree.tokens, parents, target_logits, tree.max_depth)
     elif spec.acceptance_method == "typical_lossy":
-        path, n, nxt = tree_typical_lossy(keys, tree.tokens, tree.parents, probabilities(target_logits, sp),
+        path, n, nxt = tree_typical_lossy(keys, tree.tokens, parents, probabilities(target_logits, sp),
                                           spec.posterior_threshold, spec.posterior_alpha, tree.max_depth)
     else:
-        path, n, nxt = tree_sampled(keys, tree.tokens, tree.parents, draft_probs, probabilities(target_logits, sp),
+        path, n, nxt = tree_sampled(keys, tree.tokens, parents, draft_probs, probabilities(target_logits, sp),
                                     tree.max_depth)
     return Accepted(n, nxt, path)

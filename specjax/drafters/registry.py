@@ -28,10 +28,10 @@ COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "to
                  "stop_at_eos", "max_cache_len", "implementation", "drafter_options", "acceptance_method",
                  "posterior_threshold", "posterior_alpha")
 TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens", "tree_choices")
-# The dynamic speculation policy's fields and the confidence gate (specjax.config), read by every method that
-# speculates.
+# The dynamic speculation policy's fields, the confidence gate and the verify widths (specjax.config), read by
+# every method that speculates.
 POLICY_FIELDS = ("draft_len_schedule", "acceptance_rate_threshold", "acceptance_rate_window_size",
-                 "draft_confidence_threshold")
+                 "draft_confidence_threshold", "verify_widths")
 # What the loop reads of every drafter object besides its methods (specjax.drafters.base.Drafter).
 DRAFTER_ATTRIBUTES = ("k", "target_layers", "target_weights")
 
@@ -88,6 +88,10 @@ class DrafterSpec:
     # (BuildRequest, outputs: one token-id list per request) -> None, called by generate() after decoding: how a
     # drafter learns across calls (suffix decoding's global cache of earlier outputs). None: nothing to learn.
     finish: Callable[[BuildRequest, list], None] | None = None
+    # k -> the narrower verify passes SpecConfig.verify_widths defaults to, for a drafter whose proposals' length
+    # varies from step to step (suffix decoding's: with the matched suffix); each width is one more compiled copy
+    # of the step, so an all-or-nothing proposer (prompt lookup) leaves it None: every pass verifies k.
+    verify_widths: Callable[[int], tuple[int, ...]] | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:

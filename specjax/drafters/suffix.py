@@ -261,5 +261,11 @@ def _finish(req: BuildRequest, outputs: list) -> None:
         _cache(req).add(outputs, max_requests)
 
 
+def _verify_widths(k: int) -> tuple[int, ...]:
+    """A proposal is as long as max_spec_factor times the matched suffix, often 1-2 tokens on open chat: the
+    powers of two below k as narrower passes."""
+    return tuple(1 << i for i in range(k.bit_length()) if 1 << i < k)
+
+
 register(DrafterSpec("suffix", _build, accepts="None (the process-wide global cache), a cache name, or a "
-                     "suffix.SuffixCache", options=OPTIONS, finish=_finish))
+                     "suffix.SuffixCache", options=OPTIONS, finish=_finish, verify_widths=_verify_widths))
