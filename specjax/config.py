@@ -66,8 +66,9 @@ class SpecConfig:
     # counts (and k) that hold every active row's proposal, so a step whose rows proposed 1 or 2 drafts verifies
     # 2 or 3 positions, not k + 1 (where a wider pass costs more than a decode step, as on a CPU). Drafts past the
     # width are filler and are not verified; the output is unchanged (greedy) or keeps the target's distribution
-    # (sampled: the width is fixed before the drafts it cuts are drawn; which draw a request gets then depends on
-    # its batch mates' widths, as with draft_len_schedule). Each width is one more compiled copy of the step. None: the method's default (suffix decoding: the powers of two below k;
+    # (sampled: the width is fixed before the drafts it cuts are drawn). Each row is verified at its own width
+    # inside a pass a batch mate made wider, so a request's output does not depend on its batch. Each width is
+    # one more compiled copy of the step. None: the method's default (suffix decoding: the powers of two below k;
     # others k only); (): k only.
     verify_widths: tuple | None = None
 

@@ -367,8 +367,8 @@ def speculative_step(run: LoopInputs, s: LoopState, width: int | None = None) ->
     if draft.num_drafted is not None and len(widths) > 2:
         # Each row is verified at its own width, the fewest that holds its proposal (the pass may be wider for
         # a batch mate): so a request's output does not depend on its batch mates, sampled or greedy.
-        own = jnp.asarray(widths, jnp.int32)[_width_index(draft.num_drafted, widths)]      # [B]
-        offered = limit = jnp.minimum(own, width)
+        own_width = jnp.asarray(widths, jnp.int32)[_width_index(draft.num_drafted, widths)]      # [B]
+        offered = limit = jnp.minimum(own_width, width)
     v = _verify(run, ctx, draft, s.cache, keys[:, 1], limit)
     n, new = v.num_accepted, v.new                                                    # [B], [B, D+1]
     active = ~s.done
