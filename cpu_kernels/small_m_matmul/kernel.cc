@@ -125,13 +125,13 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
 // contiguous block of w, which the hardware prefetchers follow), 4 at a time into every column vector of
 // [v0, v1), the partial sums of y staying in cache (M * columns floats). Every element gets exactly nn_strips'
 // chain of fused multiply-adds (from zero at ka, k ascending), so the two are interchangeable bit for bit.
-// Row-major pays per k-group for the rows' x and per column vector for the partial sums' loads and stores, which
-// a wide row (many column vectors per k-group) amortizes. The thresholds below are where it stopped beating the
-// strips on this project's 2-core AVX-512 CPU for SmolLM2-135M's shapes (cpu_kernels.bench.bench_small_m_matmul):
-// up to kRowMajorRows rows, kRowMajorWideRows when N >= kRowMajorWideN.
+// Row-major pays per k-group for the rows' x and per column vector for the partial sums' loads and stores (M rows
+// of them, in L2 once M * N floats outgrow L1), while the chunked strips keep their sums in registers. Since the
+// strips prefetch their next chunk into L2 they beat row-major from 3 rows on at every width on this project's
+// 2-core AVX-512 CPU (576 x 1536, the widest of SmolLM2-135M's products, at M = 3 / 5 / 9: 0.12-0.14 / 0.14-0.15 /
+// 0.15-0.17 ms against 0.15-0.17 / 0.16 / 0.18-0.25 row-major; cpu_kernels.bench.bench_small_m_matmul, the two
+// builds alternating); up to kRowMajorRows rows go row-major.
 constexpr int64_t kRowMajorRows = 2;
-constexpr int64_t kRowMajorWideRows = 9;
-constexpr int64_t kRowMajorWideN = 1024;
 constexpr int64_t kRowMajorFloats = 24576;          // at most this many partial sums per part (96 KiB)
 constexpr int64_t kRowMajorAhead = 512;             // floats ahead on each of the 4 rows read
 
@@ -180,7 +180,7 @@ template <int... MB>
 constexpr std::array<NnRowsFn, sizeof...(MB)> nn_rows_table(std::integer_sequence<int, MB...>) {
   return {&nn_rows<MB + 1>...};
 }
-const auto kNnRows = nn_rows_table(std::make_integer_sequence<int, kRowMajorWideRows>{});   // [rows - 1]
+const auto kNnRows = nn_rows_table(std::make_integer_sequence<int, kRowMajorRows>{});   // [rows - 1]
 
 // "nt" (w [N, K], e.g. a tied LM head): w row n is output column n, K contiguous. A block is up to 6 rows x 4
 // output columns (with AVX-512). A larger M takes the columns in groups of kNtGroup (w's rows for them: 72 KiB at
@@ -362,8 +362,7 @@ void nn_halves(ffi::ThreadPool& pool, int64_t M, int64_t K, int64_t N, float* y,
   thread_local std::vector<float> scratch;
   if (scratch.size() < static_cast<size_t>(M * N)) scratch.resize(M * N);
   float* sp = scratch.data();
-  const bool row_major = M <= (N >= kRowMajorWideN ? kRowMajorWideRows : kRowMajorRows) &&
-                         M * (N / ranges) <= kRowMajorFloats;
+  const bool row_major = M <= kRowMajorRows && M * (N / ranges) <= kRowMajorFloats;
   run_parts(pool, parts, static_cast<int>(2 * ranges), [=](int p) {
     const int64_t h = p / ranges, r = p % ranges;
     const int64_t c0 = units * r / ranges * granule, c1 = units * (r + 1) / ranges * granule;
@@ -404,14 +403,15 @@ ffi::Error SmallMMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
 // byte (k, 16 g + j) holds q[k, 32 g + j] in its low four bits and q[k, 32 g + 16 + j] in its high four.
 // scale * q is exact in float32 (an 11-bit significand times 4 bits), so a dequantized value is the very one a
 // float32 dequantization stores (gguf's d * q + m), and summed by the float32 path's chains y is bit-identical to
-// small_m_matmul on them, while memory delivers 0.75 bytes per weight instead of 4. Up to kRowMajorWideRows rows
+// small_m_matmul on them, while memory delivers 0.75 bytes per weight instead of 4. Up to kQ41RowMajorRows rows
 // (with AVX-512) dequantize in registers (nn_rows_q41); more rows dequantize a few rows of w at a time into a
 // per-thread buffer in cache and run the float32 strips over it.
 constexpr int64_t kQ41Block = 32;
 constexpr int64_t kDequantRowsRowMajor = 8;       // (without AVX-512) the buffer: 8 rows x N floats
 constexpr int64_t kDequantRowsStrips = 32;        // the strips reload their sums per chunk: a longer one
-// Up to kRowMajorWideRows rows go row-major with the dequantization in registers, over column tiles whose partial
+// Up to kQ41RowMajorRows rows go row-major with the dequantization in registers, over column tiles whose partial
 // sums (M x tile floats) stay in L1 (the float32 path's strips lost to it at every width for these rows).
+constexpr int64_t kQ41RowMajorRows = 9;
 constexpr int64_t kQ41TileFloats = 8192;
 
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -496,7 +496,7 @@ template <int... MB>
 constexpr std::array<NnRowsQ41Fn, sizeof...(MB)> nn_rows_q41_table(std::integer_sequence<int, MB...>) {
   return {&nn_rows_q41<MB + 1>...};
 }
-const auto kNnRowsQ41 = nn_rows_q41_table(std::make_integer_sequence<int, kRowMajorWideRows>{});   // [rows - 1]
+const auto kNnRowsQ41 = nn_rows_q41_table(std::make_integer_sequence<int, kQ41RowMajorRows>{});   // [rows - 1]
 #endif
 
 ffi::Error SmallMMatmulQ41(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> nibbles,
@@ -516,7 +516,7 @@ ffi::Error SmallMMatmulQ41(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   nn_halves(pool, M, K, N, y->typed_data(), parts, 32,
             [=](float* out, int64_t ka, int64_t kb, int64_t c0, int64_t c1, bool row_major) {
 #if defined(__AVX512F__)
-              if (M <= kRowMajorWideRows && ka % 4 == 0 && kb % 4 == 0) {
+              if (M <= kQ41RowMajorRows && ka % 4 == 0 && kb % 4 == 0) {
                 // The tile's rows 16 floats apart beyond its width: rows of y itself are N floats apart, often
                 // a multiple of 4 KiB, where loads and stores of different rows alias in L1.
                 const int64_t tile = std::max<int64_t>(32, kQ41TileFloats / M / 32 * 32), ys = tile + kLanes;
