@@ -182,7 +182,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         return memo[key]
     # The decode step and the verify timed side by side (their quotient is the verify cost); with
     # SpecConfig.verify_widths, every width the run's passes took (spec["verify_hist"]: passes by drafts verified).
-    hist = np.asarray(spec.get("verify_hist", np.zeros(k + 1)), dtype=float)
+    hist = np.asarray(spec["verify_hist"], dtype=float)
     positions = (1, k + 1) + tuple(w + 1 for w in np.flatnonzero(hist[1:k]) + 1)
     pair_key = (id(target), context, positions, tuple(sorted(target_timing.items())))
     if pair_key not in memo:
@@ -213,7 +213,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     # i.i.d.): the drafter's proposal, then a (k+1)-position verify, or one position where nothing was drafted
     # (Draft.num_drafted). Chains: alpha_fit, the i.i.d. acceptance that explains tau of the verify steps (a
     # one-position step commits one token). Trees have no alpha.
-    share = (hist[0] / hist.sum() if hist.sum() else spec.get("plain_passes", 0) / max(spec["target_passes"], 1))
+    share = hist[0] / max(hist.sum(), 1)
     tau_verified = (spec["tau"] - share) / (1 - share) if share < 1 else 1.0
     alpha_fit = analysis.alpha_from_tau(min(max(tau_verified, 1.0), k + 1 - 1e-9), k) if not is_tree else float("nan")
     predicted = analysis.speedup_from_tau(spec["tau"], k * c, verify_cost, share)

@@ -323,9 +323,9 @@ def _gate_by_confidence(run: LoopInputs, draft: Draft) -> Draft:
 
 
 def verify_widths(spec: SpecConfig, k: int) -> tuple[int, ...]:
-    """The drafts a loop pass may verify, ascending: 0 (a one-position step), SpecConfig.verify_widths below k
-    (a schedule's smaller k drops the rest), and k."""
-    return (0,) + tuple(sorted({w for w in spec.verify_widths or () if w < k})) + (k,)
+    """The drafts a loop pass may verify, ascending: 0 (a one-position step), SpecConfig.verify_widths (sorted,
+    each below k: the config sees to it) and k."""
+    return (0,) + (spec.verify_widths or ()) + (k,)
 
 
 def _width_index(num_drafted: jax.Array, widths: tuple[int, ...]) -> jax.Array:
