@@ -8,9 +8,11 @@ the time per matrix, the weight bandwidth reached, and the cost relative to M = 
   python -m cpu_kernels.bench.bench_small_m_matmul --rows 1,5,9,40 --shapes nn:576x1536 --parts 1
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1:576x1536,q4_1:1536x576   # Q4_1 blocks
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1_int8:576x1536       # llama.cpp's arithmetic
+  python -m cpu_kernels.bench.bench_small_m_matmul --shapes q8_0:49152x576           # a Q8_0 tied LM head
 
 For q4_1 shapes the first columns are the kernel over Q4_1 blocks and the last the float32 kernel over the same
-dequantized weights; for q4_1_int8 the first are the same blocks with 8-bit activations and integer dot products
+dequantized weights (q8_0, w [N, K] read transposed: the kernel over Q8_0 blocks, then the float32 kernel over the
+same weights dequantized); for q4_1_int8 the first are the same blocks with 8-bit activations and integer dot products
 (small_m_matmul_q4_1_int8) and the last the exact Q4_1 kernel (GB/s: float32 bytes the product stands for, per
 second; each streams --megabytes of its own storage).
 """
@@ -27,8 +29,8 @@ import jax.numpy as jnp
 
 import numpy as np
 
-from cpu_kernels.small_m_matmul import (Q4_1Int8Matrix, Q4_1Matrix, small_m_matmul, small_m_matmul_q4_1,
-                                       small_m_matmul_q4_1_int8, small_m_matmul_reference)
+from cpu_kernels.small_m_matmul import (Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix, small_m_matmul, small_m_matmul_q4_1,
+                                       small_m_matmul_q4_1_int8, small_m_matmul_q8_0, small_m_matmul_reference)
 
 
 def fastest(fn, *args, reps: int) -> float:
@@ -62,14 +64,22 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}"
-          "   (q4_1: the second is the float32 kernel; q4_1_int8: the exact Q4_1 kernel)")
+          "   (q4_1, q8_0: the second is the float32 kernel; q4_1_int8: the exact Q4_1 kernel)")
     for spec in a.shapes.split(","):
         form, dims = spec.split(":")
         A, B = (int(d) for d in dims.split("x"))
-        transposed, quantized = form == "nt", form in ("q4_1", "q4_1_int8")
+        transposed, quantized = form in ("nt", "q8_0"), form in ("q4_1", "q4_1_int8")
         K = B if transposed else A
-        layers = max(1, int(a.megabytes * 1e6 // (A * B * (0.75 if quantized else 4))))
-        if quantized:
+        layers = max(1, int(a.megabytes * 1e6 // (A * B * (0.75 if quantized else 1.125 if form == "q8_0" else 4))))
+        if form == "q8_0":
+            rng = np.random.default_rng(0)
+            ws = [Q8_0Matrix(jnp.asarray(rng.integers(-127, 128, (A, B), dtype=np.int8)),
+                             jnp.asarray(rng.standard_normal((A, B // 32)).astype(np.float32) * 1e-2))
+                  for _ in range(layers)]
+            dense = [w.dequantize() for w in ws[:max(1, int(a.megabytes * 1e6 // (A * B * 4)))]]
+            candidates = (("exact", lambda x, w: small_m_matmul_q8_0(x, w, parts=a.parts), ws),
+                          ("kernel", lambda x, w: small_m_matmul(x, w, True, parts=a.parts), dense))
+        elif quantized:
             rng = np.random.default_rng(0)
             blocks = [Q4_1Matrix.from_blocks(rng.integers(0, 16, (A, B), dtype=np.uint8),
                                              rng.standard_normal((A // 32, B)).astype(np.float32) * 1e-2,

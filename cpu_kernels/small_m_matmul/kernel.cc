@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -196,6 +197,14 @@ constexpr int kNtWideColumns = kMaxAccumulators >= 24 ? 8 : kNtColumns;
 constexpr int kNtWideRows = kMaxAccumulators >= 24 ? 2 : 0;
 constexpr int64_t kNtGroup = 32;
 constexpr int64_t kNtPrefetchRows = 8;
+// 7-12 rows (a verify pass of 6-11 drafts) take one block of all the rows x 2 columns: w streams from memory once,
+// its rows prefetched as the 1-6 row blocks' are, where the groups (two row blocks per group, the second reading w
+// from L2) left the tied LM head of SmolLM2-135M (49152 x 576) at M = 9 1.7-1.85x its M = 1 time; one block:
+// 1.45-1.5x (cpu_kernels.bench.bench_small_m_matmul, the two builds alternating; M = 7 1.6 -> 1.4x, M = 12 2.0 ->
+// 1.7x). More rows than that take the groups, and so do Q8_0 blocks (their M = 9 pass, 4.0-4.5 ms either way, is
+// bound by the dequantization, not the stream).
+constexpr int kNtTallColumns = 2;
+constexpr int kNtTallRows = kMaxAccumulators >= 24 ? kMaxAccumulators / kNtTallColumns : 0;
 
 // Dot products waiting for their horizontal sum: 16 at a time are summed together by a shuffle tree whose every
 // lane adds in exactly hsum's order (lanes i and i + 8, then i + 4, i + 2, i + 1), the rest one by one by hsum, so a
@@ -290,7 +299,15 @@ void nt_block(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int
   for (int64_t k = 0; k < K; k += kLanes) {
     vec wv[NC];
     for (int c = 0; c < NC; ++c) {
-      w.prefetch(n0 + c + ahead, k, to_l2);
+      if constexpr (std::is_same_v<Rows, F32Rows> && kNtWideRows > 0 && NC == kNtWideColumns) {
+        // The 1-2 row blocks prefetch the block `ahead` rows on in its memory order (one line per load, rows
+        // contiguous: one stream) rather than each of its rows at the loads' offset (NC streams): the LM head's
+        // M = 1 pass 3.6-3.96 -> 2.95-3.1 ms (49152 x 576, the same bench); the wider blocks gained nothing by it.
+        if (to_l2) w.prefetch(n0 + c + ahead, k, to_l2);
+        else __builtin_prefetch(w.w + (n0 + ahead) * K + (k / kLanes * NC + c) * kLanes);
+      } else {
+        w.prefetch(n0 + c + ahead, k, to_l2);
+      }
       wv[c] = w.load(n0 + c, k);
     }
     for (int m = 0; m < MB; ++m) {
@@ -334,9 +351,23 @@ constexpr std::array<NtFn<Rows>, sizeof...(MB)> nt_wide_table(std::integer_seque
 template <class Rows>
 const auto kNtWide = nt_wide_table<Rows>(std::make_integer_sequence<int, kNtWideRows>{});   // [rows - 1]
 
+template <class Rows, int... MB>
+constexpr std::array<NtFn<Rows>, sizeof...(MB)> nt_tall_table(std::integer_sequence<int, MB...>) {
+  return {&nt_range<kNtRows + MB + 1, kNtTallColumns, Rows>...};
+}
+template <class Rows>
+const auto kNtTall =
+    nt_tall_table<Rows>(std::make_integer_sequence<int, std::max(0, kNtTallRows - kNtRows)>{});  // [rows - kNtRows - 1]
+
 // All M rows of y over output columns [n0, n1).
 template <class Rows>
 void nt_part(const float* x, int64_t M, int64_t K, const Rows& w, int64_t N, float* y, int64_t n0, int64_t n1) {
+  if constexpr (std::is_same_v<Rows, F32Rows>) {
+    if (M > kNtRows && M <= kNtTallRows) {
+      kNtTall<Rows>[M - kNtRows - 1](x, K, w, y, N, n0, n1, kNtPrefetchRows, false);
+      return;
+    }
+  }
   const bool grouped = M > kNtRows;
   const int64_t group = grouped ? kNtGroup : n1 - n0;
   for (int64_t g = n0; g < n1; g += group) {

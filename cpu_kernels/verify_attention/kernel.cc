@@ -69,13 +69,16 @@ struct Problem {
 };
 
 // sc[r * S + c] = sum over d of q[r][d] k[d][c], columns [c0, c1): a chain of fused multiply-adds over d from zero,
-// the same for a column in a two-vector step, a one-vector step or the scalar tail.
+// the same for a column in a two-vector step, a one-vector step or the last, masked one (or the scalar tail).
 template <int RB>
 void score_rows(const float* q, int64_t D, const float* k, int64_t S, int64_t c0, int64_t c1, float* sc) {
   int64_t c = c0;
   for (; c + 2 * kLanes <= c1; c += 2 * kLanes) {
     vec a[RB] = {}, b[RB] = {};
     for (int64_t d = 0; d < D; ++d) {
+      // the next pair of columns' lines: the keys' rows are S floats apart, 64 streams the hardware does not follow
+      __builtin_prefetch(k + d * S + c + 2 * kLanes);
+      __builtin_prefetch(k + d * S + c + 3 * kLanes);
       const vec k0 = load(k + d * S + c), k1 = load(k + d * S + c + kLanes);
       for (int r = 0; r < RB; ++r) {
         const vec qd = splat<vec>(q[r * D + d]);
@@ -96,6 +99,18 @@ void score_rows(const float* q, int64_t D, const float* k, int64_t S, int64_t c0
     }
     for (int r = 0; r < RB; ++r) store(sc + r * S + c, a[r]);
   }
+#if defined(__AVX512F__)
+  if (c < c1) {                        // the last columns, lanes past c1 masked off (loads never read past them)
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (c1 - c)) - 1);
+    vec a[RB] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const vec k0 = (vec)_mm512_maskz_loadu_ps(lanes, k + d * S + c);
+      for (int r = 0; r < RB; ++r) a[r] = fmadd(splat<vec>(q[r * D + d]), k0, a[r]);
+    }
+    for (int r = 0; r < RB; ++r) _mm512_mask_storeu_ps(sc + r * S + c, lanes, (__m512)a[r]);
+    return;
+  }
+#endif
   for (; c < c1; ++c)
     for (int r = 0; r < RB; ++r) {
       float s = 0.0f;
@@ -194,7 +209,16 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     std::copy(sr + first[i], sr + prefix_end, seq_p);
     for (int64_t j = 0; j < num_new[i]; ++j) seq_p[prefix_end - first[i] + j] = sr[new_cols[i][j]];
     float m = len > 0 ? seq_p[0] : 0.0f;
-    for (int64_t j = 0; j < len; ++j) m = std::max(m, seq_p[j]);
+    {                                  // a vector max (the scalar loop: compiled as written, column by column)
+      vec mv = splat<vec>(m);
+      int64_t j = 0;
+      for (; j + kLanes <= len; j += kLanes) {
+        const vec x = load(seq_p + j);
+        mv = x > mv ? x : mv;
+      }
+      for (int z = 0; z < kLanes; ++z) m = std::max(m, mv[z]);
+      for (; j < len; ++j) m = std::max(m, seq_p[j]);
+    }
     vec lanes = {};
     for (int64_t j = 0; j < len; j += kLanes) {
       vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
