@@ -198,11 +198,10 @@ constexpr int kNtWideRows = kMaxAccumulators >= 24 ? 2 : 0;
 constexpr int64_t kNtGroup = 32;
 constexpr int64_t kNtPrefetchRows = 8;
 // 7-12 rows (a verify pass of 6-11 drafts) take one block of all the rows x 2 columns: w streams from memory once,
-// its rows prefetched as the 1-6 row blocks' are, where the groups (two row blocks per group, the second reading w
-// from L2) left the tied LM head of SmolLM2-135M (49152 x 576) at M = 9 1.7-1.85x its M = 1 time; one block:
-// 1.45-1.5x (cpu_kernels.bench.bench_small_m_matmul, the two builds alternating; M = 7 1.6 -> 1.4x, M = 12 2.0 ->
-// 1.7x). More rows than that take the groups, and so do Q8_0 blocks (their M = 9 pass, 4.0-4.5 ms either way, is
-// bound by the dequantization, not the stream).
+// its rows prefetched as the 1-6 row blocks' are. The groups (two row blocks per group, the second reading w from
+// L2) were a quarter slower on a tied LM head at 7-12 rows (cpu_kernels.bench.bench_small_m_matmul, the two builds
+// alternating; the results page's forward-cost tables). More rows than that take the groups, and so do Q8_0 blocks:
+// their pass is bound by the dequantization, not the stream, and measured the same either way.
 constexpr int kNtTallColumns = 2;
 constexpr int kNtTallRows = kMaxAccumulators >= 24 ? kMaxAccumulators / kNtTallColumns : 0;
 
@@ -301,8 +300,8 @@ void nt_block(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int
     for (int c = 0; c < NC; ++c) {
       if constexpr (std::is_same_v<Rows, F32Rows> && kNtWideRows > 0 && NC == kNtWideColumns) {
         // The 1-2 row blocks prefetch the block `ahead` rows on in its memory order (one line per load, rows
-        // contiguous: one stream) rather than each of its rows at the loads' offset (NC streams): the LM head's
-        // M = 1 pass 3.6-3.96 -> 2.95-3.1 ms (49152 x 576, the same bench); the wider blocks gained nothing by it.
+        // contiguous: one stream) rather than each of its rows at the loads' offset (NC streams), which kept a
+        // decode step's LM head about a fifth under the stream rate; the wider blocks gained nothing by it.
         if (to_l2) w.prefetch(n0 + c + ahead, k, to_l2);
         else __builtin_prefetch(w.w + (n0 + ahead) * K + (k / kLanes * NC + c) * kLanes);
       } else {
