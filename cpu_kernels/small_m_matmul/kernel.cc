@@ -301,9 +301,9 @@ void nt_block(const float* x, int64_t K, const Rows& w, float* y, int64_t N, int
       if constexpr (std::is_same_v<Rows, F32Rows> && kNtWideRows > 0 && NC == kNtWideColumns) {
         // The 1-2 row blocks prefetch the block `ahead` rows on in its memory order (one line per load, rows
         // contiguous: one stream) rather than each of its rows at the loads' offset (NC streams), which kept a
-        // decode step's LM head about a fifth under the stream rate; the wider blocks gained nothing by it.
-        if (to_l2) w.prefetch(n0 + c + ahead, k, to_l2);
-        else __builtin_prefetch(w.w + (n0 + ahead) * K + (k / kLanes * NC + c) * kLanes);
+        // decode step's LM head about a fifth under the stream rate; the wider blocks gained nothing by it. (These
+        // blocks never run grouped, so never prefetch into L2.)
+        __builtin_prefetch(w.w + (n0 + ahead) * K + (k / kLanes * NC + c) * kLanes);
       } else {
         w.prefetch(n0 + c + ahead, k, to_l2);
       }
