@@ -70,7 +70,8 @@ def main() -> None:
         A, B = (int(d) for d in dims.split("x"))
         transposed, quantized = form in ("nt", "q8_0"), form in ("q4_1", "q4_1_int8")
         K = B if transposed else A
-        layers = max(1, int(a.megabytes * 1e6 // (A * B * (0.75 if quantized else 1.125 if form == "q8_0" else 4))))
+        stored_bytes = {"q4_1": 0.75, "q4_1_int8": 0.75, "q8_0": 1.125}.get(form, 4)     # per weight
+        layers = max(1, int(a.megabytes * 1e6 // (A * B * stored_bytes)))
         if form == "q8_0":
             rng = np.random.default_rng(0)
             ws = [Q8_0Matrix(jnp.asarray(rng.integers(-127, 128, (A, B), dtype=np.int8)),

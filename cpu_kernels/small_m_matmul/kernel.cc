@@ -129,9 +129,8 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
 // Row-major pays per k-group for the rows' x and per column vector for the partial sums' loads and stores (M rows
 // of them, in L2 once M * N floats outgrow L1), while the chunked strips keep their sums in registers. Since the
 // strips prefetch their next chunk into L2 they beat row-major from 3 rows on at every width on this project's
-// 2-core AVX-512 CPU (576 x 1536, the widest of SmolLM2-135M's products, at M = 3 / 5 / 9: 0.12-0.14 / 0.14-0.15 /
-// 0.15-0.17 ms against 0.15-0.17 / 0.16 / 0.18-0.25 row-major; cpu_kernels.bench.bench_small_m_matmul, the two
-// builds alternating); up to kRowMajorRows rows go row-major.
+// 2-core AVX-512 CPU, SmolLM2-135M's widest products included (cpu_kernels.bench.bench_small_m_matmul, the two
+// builds alternating; the results page's forward-cost tables); up to kRowMajorRows rows go row-major.
 constexpr int64_t kRowMajorRows = 2;
 constexpr int64_t kRowMajorFloats = 24576;          // at most this many partial sums per part (96 KiB)
 constexpr int64_t kRowMajorAhead = 512;             // floats ahead on each of the 4 rows read
