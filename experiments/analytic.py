@@ -219,8 +219,8 @@ def roofline_tables(gpus: dict[str, dict], alpha: float, k: int, c: float, conte
             crossover_rows.append(dict(gpu=name, context_len=ctx, crossover_formula=exact,
                                        first_batch_below_one=math.floor(exact) + 1 if math.isfinite(exact)
                                        else None))
-    print(f"\n(e) first batch with speedup < 1 vs context length (roofline_crossover_batch; 'never' = the KV reads "
-          f"keep the verify pass cheap enough at every batch)")
+    print("\n(e) first batch with speedup < 1 vs context length (roofline_crossover_batch; 'never' = the KV reads "
+          "keep the verify pass cheap enough at every batch)")
     print(text_table(["gpu"] + [f"ctx={x}" for x in contexts],
                      [[n] + [r["first_batch_below_one"] or "never" for r in crossover_rows if r["gpu"] == n]
                       for n in gpus]))

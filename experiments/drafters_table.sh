@@ -6,8 +6,41 @@
 # appends rows. The results page's table beside the papers is the quick subset: QUICK=1 TEMPS=0 SETS=humaneval (every
 # drafter, T=0, HumanEval).
 #   bash experiments/drafters_table.sh [--out=runs/drafters_table]   (writes runs/drafters_table.csv/.json/_*.png)
+#
+# TARGET=smollm2-135m: the real target's table instead: every method on held-out ShareGPT, HumanEval chat and the
+# input-grounded set at T=0 (T=1 on the two open-chat sets: chains and the training-free drafters), batch 1, make
+# demo's 3 prompts x 96 tokens per set; then a batch-8 sweep of the chains on ShareGPT. About 35 + 6 minutes.
+#   TARGET=smollm2-135m bash experiments/drafters_table.sh   (writes runs/drafters_table_smollm2*.csv/.json/.png)
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+if [ "${TARGET:-stdlib-target}" = smollm2-135m ]; then
+  S=stop_at_eos=true
+  E3=drafter=smollm2-135m-eagle3; DF=drafter=smollm2-135m-dflash; MD=drafter=smollm2-135m-medusa
+  LS=drafter=smollm2-135m-layerskip
+  R=""
+  for T in 0 1; do
+    for P in sharegpt humaneval_chat grounded; do
+      [ "$T$P" = 1grounded ] && continue
+      R="$R,$P:ngram:4:$S:temperature=$T:label=ngram"
+      R="$R,$P:suffix:8:$S:temperature=$T:label=suffix-k8"
+      R="$R,$P:eagle3:3:$E3:$S:temperature=$T:label=eagle3-chain"
+      R="$R,$P:dflash:3:$DF:$S:temperature=$T:label=dflash-chain"
+      R="$R,$P:medusa:3:$MD:$S:temperature=$T:label=medusa1-chain"
+      R="$R,$P:layer_skip:1:$LS:$S:temperature=$T:label=layer-skip"
+      if [ "$T" = 0 ]; then
+        R="$R,$P:eagle3:8:dyn4x2:$E3:$S:label=eagle3-dyn4x2-8"
+        R="$R,$P:eagle3:3:drafter=smollm2-135m-eagle31:$S:label=eagle3.1-chain"
+        R="$R,$P:dflash:8:dyn4x2:$DF:$S:label=dflash-dyn4x2-8"
+        R="$R,$P:medusa:8:acc:$MD:$S:label=medusa1-tree8"
+        R="$R,$P:lookahead:8:window_size=2:ngram_size=3:guess_set_size=2:$S:label=lookahead-W2N3G2"
+      fi
+    done
+  done
+  $PY -m experiments.speedup --target=smollm2-135m --runs="${R#,}$EXTRA" --out=runs/drafters_table_smollm2 "$@" || exit 1
+  B="sharegpt:ngram:4,sharegpt:eagle3:3:$E3,sharegpt:dflash:3:$DF,sharegpt:medusa:3:$MD,sharegpt:layer_skip:1:$LS"
+  exec $PY -m experiments.speedup --target=smollm2-135m --batch_sizes=8 --runs="$B" --num_prompts=8 \
+    --max_new_tokens=64 --rounds=2 --out=runs/drafters_table_smollm2_batch "$@"
+fi
 # EAGLE-3 draft vocabularies cut from the shipped drafter (written under runs/, gitignored).
 [ -n "$QUICK" ] || [ -d runs/eagle3_vocab/N256 ] || $PY -m experiments.eagle_vocab --sizes=256,512,1024 --num_train=6144
 M2=target=stdlib-target-medusa2:drafter=checkpoints/stdlib-target-medusa2/medusa_heads

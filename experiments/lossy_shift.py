@@ -24,7 +24,6 @@ import dataclasses
 
 from absl import app, flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax

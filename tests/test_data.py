@@ -97,3 +97,29 @@ def test_row_batches_and_token_arrays(tmp_path):
     assert isinstance(data.token_array_batches(str(tmp_path / "stream.npy"), 8, 4, 0), data.PackedBatches)
     with pytest.raises(ValueError, match="seq_len"):
         data.token_array_batches(str(tmp_path / "rows.npy"), 16, 4, 0)
+
+
+def test_length_pool_batches_rows_of_similar_length_and_still_covers_each_epoch():
+    """RowBatches(length_pool=P): every row once per epoch (the same rows as random batches), batches of similar
+    length (their cut width well below random batches'), still a pure function of (seed, step); rows without
+    spans refuse it."""
+    rng = np.random.default_rng(0)
+    N, B, W = 96, 4, 120
+    length = rng.integers(10, W + 1, N).astype(np.int32)
+    first = np.minimum(rng.integers(2, 9, N), length - 1).astype(np.int32)
+    tokens = rng.integers(1, 50, (N, W)).astype(np.int32)
+    plain = data.RowBatches(tokens, B, 7, first, length)
+    pooled = data.RowBatches(tokens, B, 7, first, length, length_pool=8)
+    steps = N // B
+    for epoch in range(2):
+        seen = np.concatenate([pooled.indices(epoch * steps + s) for s in range(steps)])
+        assert sorted(seen.tolist()) == list(range(N))
+    width = lambda b, s: int(np.max(b.batch(s).label_end))
+    assert np.mean([width(pooled, s) for s in range(steps)]) < 0.8 * np.mean([width(plain, s) for s in range(steps)])
+    again = data.RowBatches(tokens, B, 7, first, length, length_pool=8)
+    assert all(np.array_equal(again.indices(s), pooled.indices(s)) for s in (0, 5, steps + 3))
+    batch = pooled.batch(3)
+    np.testing.assert_array_equal(batch.tokens, tokens[pooled.indices(3)])
+    np.testing.assert_array_equal(batch.first_label, first[pooled.indices(3)])
+    with pytest.raises(ValueError, match="only for rows with spans"):
+        data.RowBatches(tokens, B, 7, length_pool=8)

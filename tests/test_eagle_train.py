@@ -128,3 +128,46 @@ def test_eagle1_loss_terms_and_noise(tiny, rows):
     np.testing.assert_allclose(float(l1), float(m["reg0"] + 0.1 * m["ce0"]), rtol=1e-6)
     assert float(noisy(params, rows, jax.random.PRNGKey(1), tiny.params)[0]) != float(l1)
     assert float(noisy(params, rows, jax.random.PRNGKey(0), tiny.params)[0]) == float(l1)
+
+
+def test_init_drafter_continues_from_a_saved_drafter_and_refuses_another(tiny, tmp_path):
+    """train.eagle --init_drafter: a saved EAGLE-3 drafter comes back as float32 params equal to what was saved
+    (bfloat16 values), and one whose config or draft vocabulary is not what the run would train is refused by
+    name. In a subprocess: importing a recipe defines its absl flags, which another recipe's import would repeat."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    cfg, d2t = config_for(tiny, "eagle3")
+    params = eagle.init_params(jax.random.PRNGKey(1), cfg)
+    eagle.save(str(tmp_path / "d"), eagle.EagleWeights(cfg, params, d2t, "d"), tiny, "test drafter")
+    np.save(tmp_path / "d2t.npy", d2t)
+    np.savez(tmp_path / "want.npz", **{f"p{i}": np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+                                      for i, x in enumerate(jax.tree_util.tree_leaves(params))})
+    script = textwrap.dedent(f"""
+        import dataclasses, jax, numpy as np
+        from specjax.drafters import eagle
+        from train.eagle import saved_drafter
+        from tiny import tiny_model
+        tiny = tiny_model(0, std=1.0)
+        d2t = np.load({str(tmp_path / 'd2t.npy')!r})
+        cfg = eagle.eagle_config(tiny, "eagle3", target_layers={LAYERS3}, draft_vocab_size=len(d2t))
+        got = saved_drafter({str(tmp_path / 'd')!r}, tiny, cfg, d2t)
+        want = np.load({str(tmp_path / 'want.npz')!r})
+        leaves = jax.tree_util.tree_leaves(got)
+        assert all(x.dtype == np.float32 for x in leaves)
+        assert all(np.array_equal(np.asarray(x), want[f"p{{i}}"]) for i, x in enumerate(leaves))
+        for bad_cfg, bad_d2t, why in ((dataclasses.replace(cfg, norm_output=True), d2t, "the flags ask for"),
+                                      (cfg, d2t + 1, "another draft vocabulary")):
+            try:
+                saved_drafter({str(tmp_path / 'd')!r}, tiny, bad_cfg, bad_d2t)
+            except ValueError as e:
+                assert why in str(e), e
+            else:
+                raise AssertionError("accepted " + why)
+        print("ok")
+    """)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]), JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]

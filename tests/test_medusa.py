@@ -200,3 +200,35 @@ def test_head_labels_are_what_verification_accepts(target):
         assert abs(float(hits[i, 0] / counts[i]) - want) < 1e-6
         _, _, acc = medusa_terms(heads.params, frozen.hidden, labeled(rows, first_label), 0.8, frozen.logits)
         assert abs(float(acc[i]) - want) < 1e-6
+
+
+@pytest.mark.parametrize("soft_labels", [True, False])
+def test_label_window_gives_the_full_loss_and_gradient(target, soft_labels):
+    """Medusa-1's loss over the positions its labels can reach (label_window: a chat row's answer, not the batch's
+    width) equals the loss over every position, value and gradient, on rows whose spans start near the front and
+    end at the batch's edge; a window one position short of what head K - 1 reads changes it (the check can fail)."""
+    from train.data import LabeledRows
+    from train.losses.common import max_label_span
+    from train.losses.medusa import medusa_loss_fn
+    rng = np.random.default_rng(1)
+    B, W, K = 4, 48, 3
+    first = np.array([1, 5, 20, 30], np.int32)
+    end = np.array([14, 25, 36, W], np.int32)                 # the last row's span runs to the batch's edge
+    tokens = rng.integers(1, target.config.vocab_size, (B, W)).astype(np.int32)
+    tokens[np.arange(W)[None, :] >= end[:, None]] = 0
+    rows = jax.tree.map(jnp.asarray, LabeledRows(tokens, first, end))
+    heads = random_heads(target, num_heads=K, num_layers=1, layout="target_head", seed=4, scale=0.5).params
+    span = max_label_span(rows)
+    assert span + K < W - 1                                   # the window is narrower than the inputs
+    full = medusa_loss_fn(target.config, 0.8, 0, soft_labels=soft_labels)
+    windowed = medusa_loss_fn(target.config, 0.8, 0, soft_labels=soft_labels, max_span=span)
+    short = medusa_loss_fn(target.config, 0.8, 0, soft_labels=soft_labels, max_span=span - 1)
+    key = jax.random.PRNGKey(0)
+    (a, ma), ga = jax.value_and_grad(full, has_aux=True)(heads, rows, key, target.params)
+    (b, mb), gb = jax.value_and_grad(windowed, has_aux=True)(heads, rows, key, target.params)
+    np.testing.assert_allclose(float(b), float(a), rtol=1e-5)
+    for name in ma:
+        np.testing.assert_allclose(float(mb[name]), float(ma[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6), ga, gb)
+    c, _ = short(heads, rows, key, target.params)
+    assert abs(float(c) - float(a)) > 1e-4 * abs(float(a))

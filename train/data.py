@@ -260,7 +260,7 @@ class PackedBatches:
         return self._epoch_cache[e]
 
     def batch(self, step: int):
-        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
+        """int32 [batch, seq_len + 1]: windows of the token stream."""
         L = self.seq_len
         out = np.empty((self.batch_size, L + 1), np.int32)
         for r in range(self.batch_size):
@@ -323,17 +323,25 @@ def draft_vocabulary(rows, heldout, first_label: int, vocab_size: int, size: int
 class RowBatches:
     """Batches of whole rows of a [N, seq_len + 1] token array (e.g. a cached self-distillation set: the target's
     own generations, one sample per row). Sample k of the run (k = step * batch + row) is row perm_e[k mod N] of
-    epoch e = k div N, perm_e drawn from (seed, e): like PackedBatches, a pure function of (seed, step)."""
+    epoch e = k div N, perm_e drawn from (seed, e): like PackedBatches, a pure function of (seed, step).
+
+    length_pool P > 0 (rows with spans): perm_e is regrouped by length, P batches at a time: each run of P * batch
+    rows of the random permutation is sorted by row length (label_end), cut into batches, and those batches
+    shuffled, so a batch's rows are of similar length (a batch is cut to its longest row: chat rows of 50 to 570
+    tokens otherwise fill ~60% of a random batch) and every row is still seen once per epoch."""
 
     def __init__(self, rows: np.ndarray, batch_size: int, seed: int, first_label: np.ndarray | None = None,
-                 label_end: np.ndarray | None = None):
+                 label_end: np.ndarray | None = None, length_pool: int = 0):
         """first_label, label_end [N]: each row's label span (chat rows, train.losses.common.LabeledRows); batches
         are then LabeledRows, otherwise plain token arrays."""
         if rows.ndim != 2 or len(rows) < batch_size:
             raise ValueError(f"need a [N >= {batch_size}, seq_len + 1] token array, got shape {rows.shape}")
         if (first_label is None) != (label_end is None):
             raise ValueError("RowBatches: give both first_label and label_end, or neither")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        if length_pool < 0 or (length_pool and label_end is None):
+            raise ValueError(f"RowBatches: length_pool {length_pool} must be >= 0, and > 0 only for rows with spans "
+                             "(rows of one layout all have the same length)")
+        self.rows, self.batch_size, self.seed, self.length_pool = rows, batch_size, seed, length_pool
         self.spans = None if first_label is None else (np.asarray(first_label, np.int32),
                                                        np.asarray(label_end, np.int32))
         self.seq_len = rows.shape[1] - 1
@@ -346,9 +354,23 @@ class RowBatches:
         for k in range(step * self.batch_size, (step + 1) * self.batch_size):
             e = k // n
             if e not in self._perm:
-                self._perm = {e: np.random.default_rng([self.seed, e]).permutation(n)}
+                self._perm = {e: self._epoch_order(e)}
             idx.append(int(self._perm[e][k % n]))
         return np.asarray(idx)
+
+    def _epoch_order(self, e: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, e])
+        perm = rng.permutation(len(self.rows))
+        if not self.length_pool:
+            return perm
+        B, pool = self.batch_size, self.length_pool * self.batch_size
+        out = []
+        for start in range(0, len(perm), pool):
+            part = perm[start:start + pool]
+            part = part[np.argsort(self.spans[1][part], kind="stable")]
+            chunks = [part[i:i + B] for i in range(0, len(part), B)]
+            out.extend(chunks[j] for j in rng.permutation(len(chunks)))
+        return np.concatenate(out)
 
     def batch(self, step: int):
         """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""

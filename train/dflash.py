@@ -61,7 +61,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
     ds, (prompt_len, rows, heldout, n_greedy), batches = self_distill.recipe_data(
-        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
+        length_pool=F.length_pool)
     layers = None if not F.target_layers else [int(x) for x in F.target_layers]
     cfg = dflash.dflash_config(target, num_layers=F.draft_layers, block_size=F.block_size, target_layers=layers,
                                draft_vocab_size=F.draft_vocab_size or None)
@@ -114,7 +115,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 
 RECIPE = skeleton.Recipe(
-    "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True,
+    "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True, length_pool=True,
     run_flags=("block_size", "draft_layers", "target_layers", "anchors_per_row", "position_decay", "num_train",
                "data", "draft_vocab_size"),
     curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_acc0"),

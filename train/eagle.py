@@ -69,6 +69,8 @@ flags.DEFINE_bool("norm_output", False, "EAGLE-3.1: feed the post-norm layer out
 flags.DEFINE_bool("fc_identity", True, "--warm_start: also start fc as the identity on the feature half (EAGLE-1) or "
                   "on the top fused layer (EAGLE-3), so a fresh drafter proposes what the target predicted one "
                   "position earlier; --nofc_identity starts fc at N(0, 0.02) (the EAGLE-3 reference's init)")
+flags.DEFINE_string("init_drafter", None, "continue from this saved drafter (its config and draft vocabulary must be "
+                    "what the flags and rows give; the optimizer and the schedule start afresh)")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
@@ -79,7 +81,7 @@ flags.DEFINE_bool("export_published", False, "also write the weights in the publ
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
-             "fc_identity", "fc_norm", "norm_output", "num_train", "data")
+             "fc_identity", "fc_norm", "norm_output", "num_train", "data", "init_drafter")
 DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
 DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
 DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
@@ -146,6 +148,17 @@ def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
     return params
 
 
+def saved_drafter(path: str, target, cfg: eagle.EagleConfig, d2t) -> dict:
+    """--init_drafter: the float32 params of a saved drafter that is the one these flags and rows would train."""
+    weights = eagle.load(path, target, cfg.kind)
+    if weights.config != cfg:
+        raise ValueError(f"--init_drafter {path} is {weights.config}; the flags ask for {cfg}")
+    if (d2t is None) != (weights.d2t is None) or (d2t is not None and not np.array_equal(weights.d2t, d2t)):
+        raise ValueError(f"--init_drafter {path} has another draft vocabulary than these training rows give "
+                         f"(--draft_vocab_size={cfg.draft_vocab_size} over --num_train rows of --data)")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), weights.params)
+
+
 def variant_name(cfg: eagle.EagleConfig) -> str:
     if cfg.kind == "eagle":
         return "EAGLE-1"
@@ -157,7 +170,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
     ds, (prompt_len, rows, heldout, n_greedy), batches = self_distill.recipe_data(
-        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
+        length_pool=F.length_pool)
     ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
     noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
     cfg = drafter_config(F, target)
@@ -166,7 +180,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     if is3:
         d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, cfg.draft_vocab_size)
     batches = skeleton.feature_batches(run, batches, cfg.target_layers if is3 else ())
-    params = init_drafter(F, target, cfg, d2t)
+    params = (saved_drafter(F.init_drafter, target, cfg, d2t) if F.init_drafter else
+              init_drafter(F, target, cfg, d2t))
     loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
                                    reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
     accuracy = jax.jit(lambda p, frozen, r: eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
@@ -251,6 +266,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 def recipe(kind: str) -> skeleton.Recipe:
     return skeleton.Recipe(
         kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS, feature_cache=True,
+        length_pool=True,
         curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_accept_len_sampled"),
         defaults=dict(steps=DEFAULT_STEPS[kind], lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
                       eval_tokens=16384, log_every=10, ckpt_dir=f"runs/{kind}_ckpt",

@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,6 @@ table. The measured end to end numbers come from experiments.speedup with method
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import NamedTuple

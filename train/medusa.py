@@ -26,6 +26,7 @@ import numpy as np
 from specjax.drafters import medusa
 from specjax.drafters.base import target_weight
 from train import data, loop, self_distill, skeleton
+from train.losses.common import max_label_span
 from train.losses.medusa import medusa_accuracy, medusa_loss_fn
 
 flags.DEFINE_integer("num_heads", 4, "Medusa heads (head i drafts the token i + 1 after the bonus token)")
@@ -77,7 +78,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         raise ValueError("--data=chat trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
                          "stdlib corpus (--data=corpus)")
     ds, (prompt_len, train_rows, heldout, n_greedy), batches = self_distill.recipe_data(
-        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log)
+        F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
+        length_pool=F.length_pool)
     if F.medusa2 and F.feature_cache:
         raise ValueError("--feature_cache holds a frozen target's features; Medusa-2 trains the target")
     batches = skeleton.feature_batches(run, batches)
@@ -91,7 +93,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         heads = medusa.init_heads(None, F.num_heads, F.num_layers, target_weight(target.params, "lm_head"), F.layout)
     params = {"heads": heads, "target": target.params} if F.medusa2 else heads
     loss_fn = medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
-                                    heads_weight=F.heads_weight, soft_labels=F.soft_labels)
+                             heads_weight=F.heads_weight, soft_labels=F.soft_labels,
+                             max_span=max_label_span(train_rows, prompt_len))
     accuracy = jax.jit(lambda p, frozen, rows: medusa_accuracy(
         heads_of(p), p["target"] if F.medusa2 else frozen, cfg, rows, prompt_len, topk=5))
     lm_eval = skeleton.make_evaluator(cfg, run.corpus, 256) if F.medusa2 else None
@@ -170,7 +173,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 
 RECIPE = skeleton.Recipe(
-    "medusa", build, frozen_target="checkpoints/stdlib-target", feature_cache=True,
+    "medusa", build, frozen_target="checkpoints/stdlib-target", feature_cache=True, length_pool=True,
     curve_metrics=("head0_top1", "head1_top1", "head2_top1", "head3_top1", "head0_top1_t1"),
     run_flags=("num_heads", "num_layers", "layout", "head_decay", "medusa2", "kl_weight", "heads_weight",
                "target_lr_scale", "soft_labels", "init_heads", "num_train", "data"),

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from specjax.drafters import pard
 from specjax.drafters.draft_model import check_same_vocabulary
 from specjax.models import load_model
+from specjax.models.config import ModelConfig
 from specjax.models.llama import init_params
 from train import data, self_distill, skeleton
 from train.losses.pard import pard_accuracy, pard_loss_fn
@@ -69,7 +70,7 @@ greedy rows): {chain}.
 """
 
 
-def add_identity_layers(params: dict, cfg, n: int, seed: int) -> tuple[dict, "ModelConfig"]:
+def add_identity_layers(params: dict, cfg: ModelConfig, n: int, seed: int) -> tuple[dict, ModelConfig]:
     """Append n decoder layers that start as the identity on the residual stream: random input projections (so
     their gradients are not zero), zero wo and w_down (so the model's function is unchanged at step 0)."""
     if n == 0:

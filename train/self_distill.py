@@ -258,14 +258,19 @@ def chat_recipe_rows(ds: dict) -> RecipeRows:
 DATA_SOURCES = ("corpus", "chat")
 
 
-def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print):
+def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print,
+                length_pool: int = 0):
     """The self-distillation rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches):
     source "corpus" (build: stdlib windows continued by the target) or "chat" (build_chat: ShareGPT training first
-    turns answered by a chat target; rows carry label spans)."""
+    turns answered by a chat target; rows carry label spans; length_pool > 0 batches rows of similar length,
+    data.RowBatches)."""
     if source == "chat":
         ds = build_chat(target, num_train=num_train, log=log)
         rr = chat_recipe_rows(ds)
-        return ds, rr, data.RowBatches(rr.rows.tokens, batch_size, seed, rr.rows.first_label, rr.rows.label_end)
+        return ds, rr, data.RowBatches(rr.rows.tokens, batch_size, seed, rr.rows.first_label, rr.rows.label_end,
+                                       length_pool=length_pool)
+    if length_pool:
+        raise ValueError("--length_pool groups chat rows by length (--data=chat); corpus rows all have one length")
     if source != "corpus":
         raise ValueError(f"unknown self-distillation source {source!r}; expected one of {DATA_SOURCES}")
     ds = build(target, num_train=num_train, log=log)

@@ -129,10 +129,13 @@ class Recipe:
                                        # in every eval)
     feature_cache: bool = False        # the recipe's loss reads the frozen target's features: it gets the
                                        # --feature_cache flag (feature_batches)
+    length_pool: bool = False          # the recipe trains on self-distilled rows (self_distill.recipe_data): it
+                                       # gets the --length_pool flag (chat rows batched by length)
 
     def all_run_flags(self) -> tuple[str, ...]:
         return (*SHARED_RUN_FLAGS, *(("target",) if self.frozen_target else ("vocab_size", "tokenizer")),
-                *(("feature_cache",) if self.feature_cache else ()), *self.run_flags)
+                *(("feature_cache",) if self.feature_cache else ()), *(("length_pool",) if self.length_pool else ()),
+                *self.run_flags)
 
 
 def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> None:
@@ -160,7 +163,11 @@ def main(recipe: Recipe) -> None:
         flags.DEFINE_bool("feature_cache", False, "compute the frozen target's features over the training rows once "
                           f"(train.features, under {features.DEFAULT_DIR}/; decoder-layer outputs in bfloat16) instead "
                           "of running the target in every step")
-    else:
+    if recipe.length_pool:
+        flags.DEFINE_integer("length_pool", 0, "chat rows: batch rows of similar length, sorting each run of this "
+                             "many batches of the shuffled rows by length (a batch is cut to its longest row); 0: "
+                             "random batches")
+    if not recipe.feature_cache:
         flags.DEFINE_integer("vocab_size", recipe.defaults.get("vocab_size", 4096), "BPE vocab size")
         flags.DEFINE_string("tokenizer", recipe.defaults.get("tokenizer"), "reuse this tokenizer.json (e.g. a "
                             "shipped model's, so that models share token ids) instead of training one")

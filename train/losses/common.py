@@ -6,6 +6,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -96,6 +97,29 @@ def labeled(batch, first_label: int) -> LabeledRows:
 def label_mask(rows: LabeledRows, label_index: jax.Array) -> jax.Array:
     """[B, n] bool: whether the token at row index label_index ([n] or [B, n]; past the row allowed) is a label."""
     return (label_index >= rows.first_label[:, None]) & (label_index < rows.label_end[:, None])
+
+
+def label_window(rows: LabeledRows, length: int, size: int, lead: int) -> tuple[jax.Array, LabeledRows]:
+    """The `size` input positions of each row that a loss reading labels from `lead` positions back needs: from
+    lead before the row's first label (moved left where the window would pass `length` inputs). A chat row's label
+    span (its answer) is a fraction of the batch's width (cut to its longest prompt plus answer), so a loss whose
+    cost is per position (a full-vocabulary head) pays only for the window.
+    -> (at [B, size]: the window's positions among the inputs, the rows re-indexed to the window: tokens
+    [B, size + 1] (the token after the window's last input included, the label it predicts), spans shifted)."""
+    if not 0 < size <= length:
+        raise ValueError(f"label_window: size {size} must be in 1..{length} (the inputs)")
+    start = jnp.clip(rows.first_label - lead, 0, length - size)                    # [B]
+    at = start[:, None] + jnp.arange(size)                                         # [B, size]
+    tokens = jnp.take_along_axis(rows.tokens, jnp.concatenate([at, at[:, -1:] + 1], axis=1), axis=1)
+    return at, LabeledRows(tokens, rows.first_label - start, rows.label_end - start)
+
+
+def max_label_span(rows, first_label: int = 0) -> int:
+    """The longest label span of rows (LabeledRows: label_end - first_label; a plain [N, R] array: labels from
+    first_label through the prediction past the row's end)."""
+    if isinstance(rows, LabeledRows):
+        return int(np.max(np.asarray(rows.label_end) - np.asarray(rows.first_label)))
+    return rows.shape[1] + 1 - first_label
 
 
 def masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:

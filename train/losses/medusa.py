@@ -11,9 +11,8 @@ import optax
 from specjax.drafters.medusa import head_logits
 from specjax.models.config import ModelConfig
 from specjax.drafters.base import target_weight
-from train.losses.common import (causal_forward, forward_kl, frozen_target_features, label_mask, labeled,
-                                 target_features,
-                                 masked_mean, soft_ce)
+from train.losses.common import (causal_forward, forward_kl, frozen_target_features, label_mask, label_window,
+                                 labeled, masked_mean, soft_ce, target_features)
 
 
 def _head_teacher(teacher_logits: jax.Array, ahead: int) -> jax.Array:
@@ -57,21 +56,34 @@ def medusa_terms(heads: dict, hidden: jax.Array, rows, decay: float, teacher_log
 
 
 def medusa_loss_fn(cfg: ModelConfig, decay: float, first_label: int, joint: bool = False, kl_weight: float = 1.0,
-                   heads_weight: float = 1.0, soft_labels: bool = True) -> Callable:
+                   heads_weight: float = 1.0, soft_labels: bool = True, max_span: int | None = None) -> Callable:
     """Medusa-1 (joint=False): params are the heads; the frozen target's final hidden state feeds them.
     Medusa-2 (joint=True): params = {"heads", "target"}; the trained target's hidden state feeds the heads and
     kl_weight * KL(p_frozen_original || p_trained) keeps its next-token distribution, heads_weight scales the
     heads' loss (Medusa's lambda_0). batch [B, L + 1]: rows of target-generated text; labels before index
     first_label (the corpus prompt) are not trained on. soft_labels: the heads learn the (trained, for Medusa-2)
-    target's own distribution for each token (see medusa_terms) instead of the row's tokens."""
+    target's own distribution for each token (see medusa_terms) instead of the row's tokens. max_span (Medusa-1):
+    the longest label span of any row (train.losses.common.max_label_span); the heads and the teacher then run only
+    over the positions whose labels can be inside it (label_window), the same loss at the cost of the answers
+    rather than the batch's width."""
     def loss_fn(params, batch, rng, target_params):
         del rng
         if not joint:
             rows, frozen = target_features(batch, first_label, target_params, cfg)
             lm_head = target_weight(target_params, "lm_head")
-            loss, per_head, acc = medusa_terms(params, frozen.hidden[:, :-1], rows, decay,
-                                               frozen.teacher_logits(lm_head)[:, :-1] if soft_labels else None,
-                                               lm_head)
+            hidden = frozen.hidden[:, :-1]                                     # [B, T, H]
+            T = hidden.shape[1]
+            # head i at position t reads label t + i + 2 and the teacher at t + i + 1: K + 1 positions before
+            # the first label through the last one
+            K = params["w"].shape[0]
+            size = T if max_span is None else min(T, max_span + K)
+            if size < T:
+                at, rows = label_window(rows, T, size, K + 1)
+                hidden = jnp.take_along_axis(hidden, at[..., None], axis=1)    # [B, size, H]
+                teacher = frozen.teacher_logits(lm_head, at=at) if soft_labels else None
+            else:
+                teacher = frozen.teacher_logits(lm_head)[:, :-1] if soft_labels else None
+            loss, per_head, acc = medusa_terms(params, hidden, rows, decay, teacher, lm_head)
             return loss, {**{f"ce{i}": per_head[i] for i in range(per_head.shape[0])},
                           **{f"acc{i}": acc[i] for i in range(acc.shape[0])}}
         rows = labeled(batch, first_label)
