@@ -204,3 +204,24 @@ def test_artifact_vocab_hash_distinguishes_tokenizers():
     assert recorded["vocab_sha256"] == artifacts.vocab_hash(specjax.load_model("stdlib-draft"))
     with pytest.raises(ValueError, match="vocab_sha256"):
         artifacts.check_target(dict(recorded, vocab_sha256="0" * 64), target, "x")
+
+
+def test_output_head_is_the_targets_own_head_in_its_stored_form():
+    """target_weight(..., "output_head"): the head as the target stores it (tied: the embedding itself, never its
+    transpose, which a kernel call would copy whole; untied: the LM head), cut to the logical vocabulary like the
+    others; through llama.lm_head it gives the target's own logits."""
+    from specjax.drafters.base import target_weight
+    model = tiny_model(0)
+    cfg = model.config
+    tied = {k: v for k, v in model.params.items() if k != "lm_head"}
+    head = target_weight(tied, "output_head")
+    assert set(head) == {"embed"} and head["embed"] is tied["embed"]
+    untied = dict(tied, lm_head=jnp.asarray(np.random.default_rng(0).standard_normal(
+        (cfg.hidden_size, cfg.vocab_size + 3)), jnp.float32))             # a vocabulary padded for a mesh
+    head = target_weight(untied, "output_head", cfg.vocab_size)
+    assert set(head) == {"lm_head"} and head["lm_head"].shape == (cfg.hidden_size, cfg.vocab_size)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, cfg.hidden_size)), jnp.float32)
+    for params in (tied, untied):
+        want = x @ target_weight(params, "lm_head", cfg.vocab_size)
+        got = lm_head(target_weight(params, "output_head", cfg.vocab_size), x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -32,9 +32,13 @@ from specjax.trees import Tree
 
 
 # Target weights a drafter may declare in `target_weights`: the token embedding [V, H], the LM head [H, V] (the
-# transposed embedding when tied), the final norm [H] and the decoder layers (the list of layer dicts, as laid
-# out for the mesh: llama.forward reads them as the target's forward does).
-TARGET_WEIGHTS = ("embed", "lm_head", "final_norm", "layers")
+# transposed embedding when tied), the final norm [H], the decoder layers (the list of layer dicts, as laid out for
+# the mesh: llama.forward reads them as the target's forward does), and the output head as the target stores it
+# (a dict for specjax.models.llama.lm_head: {"lm_head": [H, V]}, or the tied {"embed": [V, H]} / {"embed_blocks"}):
+# a drafter projecting through the target's head at decode time reads this one, so the product is the target's own
+# (the CPU kernel reads a tied embedding in place; "lm_head" of a tied target is a transpose, which a kernel call
+# would copy whole).
+TARGET_WEIGHTS = ("embed", "lm_head", "final_norm", "layers", "output_head")
 
 
 class Context(NamedTuple):
@@ -124,7 +128,7 @@ class NullDrafter:
         return state
 
 
-def target_weight(target_params: dict, name: str, vocab_size: int | None = None) -> jax.Array:
+def target_weight(target_params: dict, name: str, vocab_size: int | None = None) -> jax.Array | dict:
     """One of TARGET_WEIGHTS from a Llama params pytree; with vocab_size, the vocabulary entries a mesh layout
     padded (specjax.sharding.Layout) are cut off, so the drafter sees the logical [H, V] / [V, H]."""
     if name == "lm_head":
@@ -135,6 +139,16 @@ def target_weight(target_params: dict, name: str, vocab_size: int | None = None)
         return w if vocab_size is None or w.shape[0] == vocab_size else w[:vocab_size]
     if name in ("final_norm", "layers"):
         return target_params[name]
+    if name == "output_head":
+        if "lm_head" in target_params:
+            return {"lm_head": target_weight(target_params, "lm_head", vocab_size)}
+        if "embed_blocks" in target_params:
+            blocks = target_params["embed_blocks"]
+            if vocab_size is not None and blocks.shape[0] != vocab_size:
+                raise ValueError(f"the target's quantized output head has {blocks.shape[0]} rows, its vocabulary "
+                                 f"{vocab_size}: a padded quantized head is not supported")
+            return {"embed_blocks": blocks}
+        return {"embed": target_weight(target_params, "embed", vocab_size)}
     raise ValueError(f"unknown target weight {name!r}; a drafter may read {TARGET_WEIGHTS}")
 
 

@@ -81,7 +81,7 @@ class LayerSkipDrafter:
     num_steps: int = 0                 # > 0: a dynamic tree of num_steps depth, topk children per node
     topk: int = 0
     target_layers = ()
-    target_weights = ("embed", "lm_head", "final_norm", "layers")
+    target_weights = ("embed", "output_head", "final_norm", "layers")
     shares_target_cache = True
 
     @property
@@ -90,7 +90,7 @@ class LayerSkipDrafter:
 
     def _forward(self, ctx: Context, tokens, cache, **kw):
         w = ctx.target_weights
-        params = {"embed": w["embed"], "lm_head": w["lm_head"], "final_norm": w["final_norm"], "layers": w["layers"]}
+        params = {"embed": w["embed"], **w["output_head"], "final_norm": w["final_norm"], "layers": w["layers"]}
         return forward(params, self.config, tokens, cache, layers=self.kept, implementation=self.implementation, **kw)
 
     def init(self, params, ctx: Context, target_out, sp):

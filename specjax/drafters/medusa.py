@@ -35,12 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from cpu_kernels.small_m_matmul import matmul
 from specjax import tree_search
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec
+from specjax.models import llama
 from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec, choices_from_accuracies
 
@@ -104,7 +106,7 @@ def head_logits(params: dict, hidden: jax.Array, lm_head: jax.Array | None = Non
         return (x @ lm_head).astype(jnp.float32)
     if params["proj"].ndim == 3:                              # per-head LM heads: K separate projections
         return jnp.einsum("...kh,khv->...kv", x, params["proj"]).astype(jnp.float32)
-    return (x @ params["proj"]).astype(jnp.float32)           # one shared projection, K rows at once
+    return matmul(x, params["proj"].astype(x.dtype)).astype(jnp.float32)   # one shared projection, K rows at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +119,7 @@ class MedusaDrafter:
 
     @property
     def target_weights(self) -> tuple[str, ...]:
-        return ("lm_head",) if self.uses_target_head else ()
+        return ("output_head",) if self.uses_target_head else ()
 
     # state: the target's final hidden state [B, H] at the position that produced the last committed token
 
@@ -126,8 +128,10 @@ class MedusaDrafter:
         return jnp.take_along_axis(target_out.hidden, at, axis=1)[:, 0]
 
     def propose(self, params, hidden, ctx: Context, keys, sp: SamplingParams):
-        lm_head = ctx.target_weights["lm_head"] if self.uses_target_head else None
-        logits = head_logits(params, hidden, lm_head)                           # [B, K, V]
+        if self.uses_target_head:                 # through the target's head as its own forward computes it
+            logits = llama.lm_head(ctx.target_weights["output_head"], head_hidden(params, hidden))   # [B, K, V]
+        else:
+            logits = head_logits(params, hidden)                                # [B, K, V]
         if self.tree is not None:
             depth = self.tree.max_depth
             cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
