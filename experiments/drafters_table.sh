@@ -9,7 +9,7 @@
 #
 # TARGET=smollm2-135m: the real target's table instead: every method on held-out ShareGPT, HumanEval chat and the
 # input-grounded set at T=0 (T=1 on the two open-chat sets: chains and the training-free drafters), batch 1, make
-# demo's 3 prompts x 96 tokens per set; then a batch-8 sweep of the chains on ShareGPT. About 35 + 6 minutes.
+# demo's 3 prompts x 96 tokens per set; then a batch-8 sweep of the chains on ShareGPT. About 21 + 9 minutes.
 #   TARGET=smollm2-135m bash experiments/drafters_table.sh   (writes runs/drafters_table_smollm2*.csv/.json/.png)
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
