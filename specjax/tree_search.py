@@ -8,6 +8,7 @@ Three searches, all fixed-shape and jit-compatible:
   - `dynamic_tree`: EAGLE-2: keep a frontier of the `topk` best nodes by cumulative draft log-probability,
     expand each into its `topk` children for `num_steps` depths, then rerank all candidates and keep the best
     num_nodes - 1 (trees.build_dynamic_tree).
+`tree_from_position_logits` runs the first or the last for drafters whose distributions depend on the depth only.
 
 The drafter supplies one callback, `node_logits(state, tokens, parents, depths) -> (logits, state)`: the draft
 logits [B, n, V] after each of n new nodes (tokens [B, n]; parents [B, n] index into the concatenation of all nodes
@@ -113,6 +114,22 @@ def search_by_rerun(tree: TreeSpec | None, num_steps: int, topk: int, num_nodes:
 
     found, _ = search(tree, num_steps, topk, num_nodes, root, root_logits, node_logits, block)
     return found
+
+
+def tree_from_position_logits(tree: TreeSpec | None, num_steps: int, topk: int, num_nodes: int, root: jax.Array,
+                              logits: jax.Array) -> Tree:
+    """The configured tree for a drafter whose draft distributions depend on the position only, not on the drafts
+    before it (a block drafter's positions, P-EAGLE's parallel depths; DDTree's idea): logits [B, D, V], position
+    d's distribution for depth d + 1. A static tree takes position d's top tokens as every depth-(d + 1) node's
+    candidates; the dynamic search ranks paths by the sum of their positions' log-probabilities, each depth's
+    frontier expanded with that position's distribution."""
+    if tree is not None:
+        return static_tree_from_candidates(tree, root, lax.top_k(logits, tree.topk)[1].astype(jnp.int32))
+    B, W = root.shape[0], topk
+
+    def node_logits(state, frontier, parents, depths):      # depth d's frontier: position d
+        return jnp.broadcast_to(logits[:, int(depths[0])][:, None], (B, W, logits.shape[-1])), state
+    return dynamic_tree(root, logits[:, 0], node_logits, num_steps, W, num_nodes)[0]
 
 
 def max_dynamic_nodes(num_steps: int, topk: int) -> int:

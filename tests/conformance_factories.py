@@ -120,6 +120,10 @@ def near_pard(target: Model) -> pard.PardModel:
                                                                                cfg.vocab_size)))
 
 
+def parallel_eagle(target: Model):
+    return cached("p_eagle", target, lambda t: informative_eagle(t, "eagle3", parallel_drafting=True))
+
+
 FACTORIES = {
     "none": lambda c: (dict(), None),
     "draft_model": lambda c: (dict(method="draft_model", num_speculative_tokens=c.k), near(c.target)),
@@ -135,6 +139,8 @@ FACTORIES = {
     "medusa": lambda c: (dict(method="medusa", num_speculative_tokens=c.k), cached("medusa", c.target, identity_medusa)),
     "medusa-static_tree": lambda c: (dict(method="medusa", tree_choices=binary_tree(c.k)),
                                      cached("medusa", c.target, identity_medusa)),
+    "medusa-dynamic_tree": lambda c: (dict(method="medusa", num_steps=min(c.k, 3), topk=2, num_draft_tokens=c.k + 1),
+                                      cached("medusa", c.target, identity_medusa)),
     "medusa-target_head": lambda c: (dict(method="medusa", num_speculative_tokens=c.k),
                                      cached("medusa-target_head", c.target,
                                             lambda t: identity_medusa(t, "target_head"))),
@@ -147,6 +153,10 @@ FACTORIES = {
     "eagle3.1": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k),
                            cached("eagle3.1", c.target, lambda t: informative_eagle(t, "eagle3", fc_norm=True,
                                                                                     norm_output=True))),
+    "p_eagle": lambda c: (dict(method="eagle3", num_speculative_tokens=c.k), parallel_eagle(c.target)),
+    "p_eagle-static_tree": lambda c: (dict(method="eagle3", tree_choices=binary_tree(c.k)), parallel_eagle(c.target)),
+    "p_eagle-dynamic_tree": lambda c: (dict(method="eagle3", num_steps=min(c.k, 3), topk=2,
+                                            num_draft_tokens=c.k + 1), parallel_eagle(c.target)),
     "mtp": lambda c: (dict(method="mtp", num_speculative_tokens=c.k),
                       cached("mtp", c.target, lambda t: informative_mtp(t, "mtp", 3))),
     "mtp_heads": lambda c: (dict(method="mtp_heads", num_speculative_tokens=c.k),

@@ -21,7 +21,8 @@ def informative_eagle(target: Model, kind: str, seed: int = 0, noise: float = 0.
     """fc(concat(e, f)) = f + noise (EAGLE-1) / fc(aux) = the last layer's output (EAGLE-3), the layer adds small
     noise, EAGLE-3's norm and lm_head are the target's (restricted to a draft vocabulary of the most frequent
     target predictions). The drafter's logits are (nearly) the target's own at the previous position: it mostly
-    proposes the last committed token again. eagle3_options: EAGLE-3.1's fc_norm / norm_output."""
+    proposes the last committed token again. eagle3_options: EAGLE-3.1's fc_norm / norm_output, P-EAGLE's
+    parallel_drafting (its depths past the first read the random mask inputs: they guess, mostly wrong)."""
     tc = target.config
     H, V = tc.hidden_size, tc.vocab_size
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -45,7 +46,7 @@ def informative_eagle(target: Model, kind: str, seed: int = 0, noise: float = 0.
         p["fc_norm"] = jnp.broadcast_to(rms[:, None], p["fc_norm"].shape)
     p["final_norm"] = target.params["final_norm"]
     p["lm_head"] = target_weight(target.params, "lm_head")[:, eagle.draft_to_target(d2t)]
-    return eagle.EagleWeights(cfg, p, d2t, "informative-eagle3" + ("-1" if eagle3_options else ""))
+    return eagle.EagleWeights(cfg, p, d2t, "informative-eagle3" + "".join(f"-{o}" for o in sorted(eagle3_options)))
 
 
 def informative_mtp(target: Model, kind: str, depth: int, noise: float = 0.05, seed: int = 0) -> mtp.MTPWeights:

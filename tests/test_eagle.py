@@ -211,6 +211,31 @@ def test_eagle31_feeds_back_the_post_norm_state_and_norms_each_feature(target):
         eagle.eagle_config(target, "eagle", fc_norm=True)
 
 
+def test_p_eagle_unroll_is_the_parallel_proposal(target):
+    """P-EAGLE: the training unroll (ttt_forward, mask inputs at steps > 0) at index t is, step i for depth i + 1,
+    the drafter's proposal after the real entries 0..t: depth 1 from the committed entry, depths 2..D from its one
+    parallel forward over mask entries. EAGLE-3's unroll of the same weights (its own drafts fed back) differs."""
+    w = random_weights(target, "p_eagle")
+    cfg, tc, D, P = w.config, target.config, 4, 6
+    seq = jnp.asarray(np.random.default_rng(7).integers(1, tc.vocab_size, (2, 16)), jnp.int32)
+    tw = {"embed": target.params["embed"]}
+    params = dict(w.params, vocab_map=jnp.asarray(eagle.draft_to_target(w.d2t), jnp.int32))
+    drafter = eagle.EagleDrafter(D, cfg, 32)
+    prefill = forward(target.params, tc, seq[:, :P], KVCache.init(tc.num_layers, 2, 32, tc.num_kv_heads, tc.head_dim),
+                      hidden_layers=cfg.target_layers)
+    ctx = Context(seq, jnp.full((2,), P + 1), jnp.full((2,), P), tw)      # the prompt and its first token
+    state = drafter.init(params, ctx, prefill, SamplingParams())
+    got = drafter.parallel_logits(params, state, ctx)[..., eagle.draft_to_target(w.d2t)]      # [B, D, N]
+    _, unrolled = eagle.ttt_forward(w.params, cfg, seq[:, 1:P + 1], prefill.layer_hidden, D, tw)   # [D, B, P, N]
+    np.testing.assert_allclose(got, np.swapaxes(unrolled[:, :, P - 1], 0, 1), rtol=1e-4, atol=1e-4)
+    sequential = dataclasses.replace(cfg, parallel_drafting=False)
+    _, chain = eagle.ttt_forward(w.params, sequential, seq[:, 1:P + 1], prefill.layer_hidden, D, tw)
+    np.testing.assert_allclose(chain[0], unrolled[0], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(chain[1:, :, P - 1], unrolled[1:, :, P - 1], atol=1e-2)
+    drafts, _ = drafter.propose(params, state, ctx, jax.random.split(jax.random.PRNGKey(0), 2), SamplingParams())
+    assert drafts.tokens.tolist() == eagle.draft_to_target(w.d2t)[np.asarray(jnp.argmax(got, -1))].tolist()
+
+
 def test_defaults_and_vocab_helpers():
     assert eagle.default_target_layers(32) == (1, 15, 28)          # = HF hidden_states ids (2, 16, 29)
     assert eagle.default_target_layers(4) == (0, 1, 2)
@@ -304,11 +329,12 @@ def reference_logits(sd, hf, tokens, feats, target):
 
 
 def random_weights(target, kind, seed=4, draft_vocab=40):
-    """kind "eagle", "eagle3" or "eagle3.1" (EAGLE-3 with fc_norm and norm_output)."""
-    v31 = kind == "eagle3.1"
-    kind = "eagle3" if v31 else kind
+    """kind "eagle", "eagle3", "eagle3.1" (EAGLE-3 with fc_norm and norm_output) or "p_eagle" (parallel_drafting)."""
+    v31, parallel = kind == "eagle3.1", kind == "p_eagle"
+    kind = "eagle3" if v31 or parallel else kind
     cfg = eagle.eagle_config(target, kind, **({"target_layers": EAGLE3_LAYERS, "draft_vocab_size": draft_vocab,
-                                               "fc_norm": v31, "norm_output": v31} if kind == "eagle3" else {}))
+                                               "fc_norm": v31, "norm_output": v31, "parallel_drafting": parallel}
+                                              if kind == "eagle3" else {}))
     p = eagle.init_params(jax.random.PRNGKey(seed), cfg, std=0.3)
     if v31:
         p["fc_norm"] = 1 + 0.2 * jax.random.normal(jax.random.PRNGKey(seed + 2), p["fc_norm"].shape)
@@ -373,7 +399,7 @@ def test_export_import_round_trip(tmp_path, target):
         if kind == "eagle3":
             np.testing.assert_array_equal(back.d2t, w.d2t)
     # our artifact (the training recipes' format), float32 exact and bfloat16
-    for name in ("eagle", "eagle3.1", "eagle3"):
+    for name in ("eagle", "eagle3.1", "p_eagle", "eagle3"):
         w = random_weights(target, name)
         eagle.save(str(tmp_path / f"ours-{name}"), w, target, "# test\n", dtype="float32")
         back = eagle.load(str(tmp_path / f"ours-{name}"), target)
@@ -405,6 +431,11 @@ def test_bad_input(tmp_path, target, drafters):
         eagle.load(str(tmp_path / "ours"), wide)
     with pytest.raises(ValueError, match="holds a 'eagle' drafter, not 'eagle3'"):
         specjax.generate(target, prompts, chain("eagle3"), drafter=str(tmp_path / "ours"))
+    # P-EAGLE's mask inputs have no place in the published EAGLE-3 layout
+    with pytest.raises(ValueError, match="P-EAGLE .*no place in the EAGLE-3 layout"):
+        eagle.export_published(str(tmp_path / "p"), random_weights(target, "p_eagle"))
+    with pytest.raises(ValueError, match="parallel_drafting are EAGLE-3 settings"):
+        eagle.eagle_config(target, "eagle", parallel_drafting=True)
     # feature layers out of range
     w3 = drafters["eagle3"]
     far = w3._replace(config=eagle.EagleConfig("eagle3", w3.config.layer, 32, (0, 1, 5), w3.config.draft_vocab_size))

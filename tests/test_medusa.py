@@ -92,8 +92,9 @@ def test_bad_input(tmp_path, target):
         specjax.generate(target, prompts, SpecConfig(method="medusa", num_speculative_tokens=4), drafter=heads)
     with pytest.raises(ValueError, match="tree is 4 deep but the Medusa heads 'random' have only 3"):
         specjax.generate(target, prompts, SpecConfig(method="medusa", tree_choices=MEDUSA_63), drafter=heads)
-    with pytest.raises(ValueError, match="dynamic tree"):
-        specjax.generate(target, prompts, SpecConfig(method="medusa", num_steps=2, topk=2, num_draft_tokens=4),
+    with pytest.raises(ValueError, match="the dynamic tree searches 4 depths but the Medusa heads 'random' have "
+                                         "only 3"):
+        specjax.generate(target, prompts, SpecConfig(method="medusa", num_steps=4, topk=2, num_draft_tokens=6),
                          drafter=heads)
     with pytest.raises(ValueError, match="malformed tree_choices"):
         SpecConfig(method="medusa", tree_choices=[(0,), (1, 1)])

@@ -315,9 +315,14 @@ def draft_vocabulary(rows, heldout, first_label: int, vocab_size: int, size: int
     EAGLE-3 and DFlash recipes share it."""
     counts = np.bincount(label_tokens(rows, first_label).astype(np.int64), minlength=vocab_size)
     d2t = vocab_map_from_counts(counts, size)
+    return d2t, vocabulary_coverage(d2t, rows, heldout, first_label, vocab_size)
+
+
+def vocabulary_coverage(d2t: np.ndarray, rows, heldout, first_label: int, vocab_size: int) -> dict:
+    """The share of the label tokens of rows and of heldout that a draft vocabulary d2t holds: {"train": , "heldout": }."""
     inside = t2d_from_d2t(d2t, vocab_size)
     share = lambda r: float(inside[label_tokens(r, first_label).astype(np.int64)].mean())
-    return d2t, {"train": share(rows), "heldout": share(heldout)}
+    return {"train": share(rows), "heldout": share(heldout)}
 
 
 class RowBatches:

@@ -31,6 +31,7 @@ rows, heldout_accept_len_greedy, each chain is exactly what greedy verification 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -69,8 +70,11 @@ flags.DEFINE_bool("norm_output", False, "EAGLE-3.1: feed the post-norm layer out
 flags.DEFINE_bool("fc_identity", True, "--warm_start: also start fc as the identity on the feature half (EAGLE-1) or "
                   "on the top fused layer (EAGLE-3), so a fresh drafter proposes what the target predicted one "
                   "position earlier; --nofc_identity starts fc at N(0, 0.02) (the EAGLE-3 reference's init)")
-flags.DEFINE_string("init_drafter", None, "continue from this saved drafter (its config and draft vocabulary must be "
-                    "what the flags and rows give; the optimizer and the schedule start afresh)")
+flags.DEFINE_bool("parallel_drafting", False, "P-EAGLE: drafts 2..k from one forward over learned mask inputs "
+                  "(trained as the training-time test with those inputs at steps > 0; --ttt_steps = the depths)")
+flags.DEFINE_string("init_drafter", None, "continue from this saved drafter: its config must be what the flags ask "
+                    "for (an EAGLE-3 drafter may start a --parallel_drafting one: fresh mask inputs are added); it "
+                    "keeps its draft vocabulary; the optimizer and the schedule start afresh")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
@@ -81,7 +85,7 @@ flags.DEFINE_bool("export_published", False, "also write the weights in the publ
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
-             "fc_identity", "fc_norm", "norm_output", "num_train", "data", "init_drafter")
+             "fc_identity", "fc_norm", "norm_output", "parallel_drafting", "num_train", "data", "init_drafter")
 DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
 DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
 DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
@@ -114,7 +118,8 @@ def _kind_from_argv(argv) -> str:
 def drafter_config(F, target) -> eagle.EagleConfig:
     layers = None if not F.target_layers else tuple(int(x) for x in F.target_layers)
     kw = dict(hidden_size=F.draft_hidden, intermediate_size=F.draft_intermediate, num_heads=F.draft_heads,
-              num_kv_heads=F.draft_kv_heads, fc_norm=F.fc_norm, norm_output=F.norm_output)
+              num_kv_heads=F.draft_kv_heads, fc_norm=F.fc_norm, norm_output=F.norm_output,
+              parallel_drafting=F.parallel_drafting)
     if F.kind == "eagle":
         if layers is not None:
             raise ValueError("--target_layers is an EAGLE-3 setting (EAGLE-1 reads the final hidden state)")
@@ -148,20 +153,27 @@ def init_drafter(F, target, cfg: eagle.EagleConfig, d2t) -> dict:
     return params
 
 
-def saved_drafter(path: str, target, cfg: eagle.EagleConfig, d2t) -> dict:
-    """--init_drafter: the float32 params of a saved drafter that is the one these flags and rows would train."""
+def saved_drafter(path: str, target, cfg: eagle.EagleConfig, seed: int = 0) -> tuple[dict, np.ndarray | None]:
+    """--init_drafter: (float32 params, draft vocabulary d2t) of a saved drafter of the config these flags ask for,
+    or of the EAGLE-3 drafter a P-EAGLE config extends (its mask inputs then start at N(0, 0.02), from seed).
+    Continuing keeps the drafter's own draft vocabulary (its lm_head rows are those tokens), even where the rows
+    now given would rank their tokens otherwise; the MANIFEST reports its coverage of these rows."""
     weights = eagle.load(path, target, cfg.kind)
-    if weights.config != cfg:
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), weights.params)
+    extends = cfg.parallel_drafting and dataclasses.replace(weights.config, parallel_drafting=True) == cfg
+    if weights.config != cfg and not extends:
         raise ValueError(f"--init_drafter {path} is {weights.config}; the flags ask for {cfg}")
-    if (d2t is None) != (weights.d2t is None) or (d2t is not None and not np.array_equal(weights.d2t, d2t)):
-        raise ValueError(f"--init_drafter {path} has another draft vocabulary than these training rows give "
-                         f"(--draft_vocab_size={cfg.draft_vocab_size} over --num_train rows of --data)")
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), weights.params)
+    if extends and "mask_hidden" not in params:
+        fresh = eagle.init_params(jax.random.PRNGKey(seed), cfg)
+        params.update(mask_embed=fresh["mask_embed"], mask_hidden=fresh["mask_hidden"])
+    return params, weights.d2t
 
 
 def variant_name(cfg: eagle.EagleConfig) -> str:
     if cfg.kind == "eagle":
         return "EAGLE-1"
+    if cfg.parallel_drafting:
+        return "P-EAGLE" + (" (EAGLE-3.1 options)" if cfg.fc_norm or cfg.norm_output else "")
     opts = [n for n in ("fc_norm", "norm_output") if getattr(cfg, n)]
     return "EAGLE-3.1" if len(opts) == 2 else "EAGLE-3" + (f" (+{opts[0]})" if opts else "")
 
@@ -177,11 +189,15 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     cfg = drafter_config(F, target)
     is3 = cfg.kind == "eagle3"
     d2t, cov = None, {}
-    if is3:
-        d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, cfg.draft_vocab_size)
+    if F.init_drafter:
+        params, d2t = saved_drafter(F.init_drafter, target, cfg, F.seed)
+        if is3:
+            cov = data.vocabulary_coverage(d2t, rows, heldout, prompt_len, tcfg.vocab_size)
+    else:
+        if is3:
+            d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, cfg.draft_vocab_size)
+        params = init_drafter(F, target, cfg, d2t)
     batches = skeleton.feature_batches(run, batches, cfg.target_layers if is3 else ())
-    params = (saved_drafter(F.init_drafter, target, cfg, d2t) if F.init_drafter else
-              init_drafter(F, target, cfg, d2t))
     loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
                                    reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
     accuracy = jax.jit(lambda p, frozen, r: eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
@@ -206,14 +222,20 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                 layers_why = (f"eagle.default_target_layers({tcfg.num_layers}): the reference's (1, L//2 - 1, L - 4) "
                               f"is not increasing for L = {tcfg.num_layers}, so low, middle and high layers below "
                               "the top one")
-            loss = (f"Loss: EAGLE-3 training-time test over {ttt} steps, step i weighted {F.step_decay}^i, soft "
+            loss = (f"Loss: EAGLE-3 training-time test over {ttt} steps"
+                    + (" (steps > 0 read the learned mask embedding and shared hidden state: P-EAGLE's parallel "
+                       "depths, exactly its one-forward proposal)" if cfg.parallel_drafting else "")
+                    + f", step i weighted {F.step_decay}^i, soft "
                     "cross-entropy against the target's distribution restricted to the draft vocabulary "
                     "(renormalised), masked where the target's top token is outside it; no feature regression"
                     + (f"; input noise U(-{noise}, {noise})." if noise else "."))
             vocab = (f"Features: the outputs of target decoder layers {list(cfg.target_layers)} of "
                      f"{tcfg.num_layers} (chosen by {layers_why}). "
-                     f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the "
-                     f"training rows (of {tcfg.vocab_size}); they cover {cov['train']:.1%} of the target-generated "
+                     + (f"Draft vocabulary: that of the drafter this run continued ({F.init_drafter}), "
+                        f"{cfg.draft_vocab_size} of {tcfg.vocab_size} tokens; it covers" if F.init_drafter else
+                        f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the "
+                        f"training rows (of {tcfg.vocab_size}); they cover")
+                     + f" {cov['train']:.1%} of the target-generated "
                      f"training tokens and {cov['heldout']:.1%} of the held-out ones.")
         else:
             loss = (f"Loss: {F.reg_weight} x smooth-L1 regression of the target's next final normed hidden state + "

@@ -174,6 +174,15 @@ def pick_tokens(logits: jax.Array, key: jax.Array,
     return tokens, probs, draft_confidence(logits, probs)
 
 
+def pick_block(logits: jax.Array, keys: jax.Array,
+               sp: SamplingParams) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """pick_tokens at every position of a block whose distributions are all known at once (a parallel drafter's
+    logits [B, k, V], one key per row [B], split k ways) -> (tokens [B, k], q [B, k, V] or None, confidence [B, k])."""
+    k = logits.shape[1]
+    step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)                # [B, k] keys
+    return jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(logits, step_keys)
+
+
 def chain_of_picks(first: tuple, later: tuple) -> tuple:
     """A chain's picks from the first pick_tokens (tokens [B], q [B, V], confidence [B]) and a lax.scan's stacked
     later ones ([k-1, B, ...]) -> each field as [B, k, ...] (q stays None when greedy)."""

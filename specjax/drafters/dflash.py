@@ -41,14 +41,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from cpu_kernels.small_m_matmul import matmul
 from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens, target_weight
+from specjax.drafters.base import Context, Draft, last_tokens, pick_block, target_weight
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import apply_rope, rms_norm
@@ -249,27 +248,11 @@ class DFlashDrafter:
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         logits = self.block_logits(params, cache, ctx)
         if self.is_tree:                      # deterministic top-k children: exact at any temperature
-            tree = self._tree(logits, last_tokens(ctx, 1)[:, 0])
+            tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
+                                                         last_tokens(ctx, 1)[:, 0], logits)
             return Draft(tree.tokens[:, 1:], None, tree), cache
-        k = self.k
-        step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)        # [B, k]
-        tokens, probs, confidence = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
-            logits, step_keys)
+        tokens, probs, confidence = pick_block(logits, keys, sp)
         return Draft(tokens, probs, confidence=confidence), cache
-
-    def _tree(self, logits: jax.Array, root: jax.Array):
-        """The token tree from the block's per-position distributions (DDTree's idea), which do not depend on the
-        drafts before them: a static tree takes block position d's top tokens as every depth-d node's candidates;
-        the dynamic search ranks paths by the sum of their positions' log-probabilities, each depth's frontier
-        expanded with that position's distribution."""
-        if self.tree is not None:
-            return tree_search.static_tree_from_candidates(
-                self.tree, root, lax.top_k(logits, self.tree.topk)[1].astype(jnp.int32))
-        B, W = root.shape[0], self.topk
-
-        def node_logits(state, frontier, parents, depths):      # depth d's frontier: block position d + 1
-            return jnp.broadcast_to(logits[:, int(depths[0])][:, None], (B, W, logits.shape[-1])), state
-        return tree_search.dynamic_tree(root, logits[:, 0], node_logits, self.num_steps, W, self.k + 1)[0]
 
     def commit(self, params, cache: KVCache, ctx, num_accepted, target_out, verified):
         # the verify pass's features at the anchor and the drafts (sequence order); n + 1 of them are committed now

@@ -13,9 +13,11 @@ Projections ("layout" in the artifact's config):
             the artifact holds only the ResBlocks: what a target with a large vocabulary ships)
 
 Proposals: a chain (head i's argmax; at temperature > 0 a sample from head i's distribution after the shared
-sampling transform, q = that distribution, which speculative sampling verifies exactly), or a static tree from
+sampling transform, q = that distribution, which speculative sampling verifies exactly), a static tree from
 the heads' top candidates per depth (tree_choices: e.g. trees.MEDUSA_63, or trees.choices_from_accuracies
-built from measured per-head top-k accuracies); tree children are deterministic top-k, exact at any temperature.
+built from measured per-head top-k accuracies), or a dynamic tree whose paths are ranked by the sum of their
+heads' log-probabilities (num_steps / topk / num_draft_tokens; tree_search.tree_from_position_logits, as for the
+block drafters); tree children are deterministic top-k, exact at any temperature.
 Medusa's typical acceptance is the lossy SpecConfig(acceptance_method="typical_lossy").
 
 Artifacts: a specjax drafter directory (specjax.drafters.artifacts, kind "medusa"), or a published layout:
@@ -115,6 +117,8 @@ class MedusaDrafter:
     num_heads: int
     tree: TreeSpec | None = None
     uses_target_head: bool = False    # layout target_head: the heads project through the target's LM head
+    num_steps: int = 0                # > 0: a dynamic tree (with topk) over the first num_steps heads
+    topk: int = 0
     target_layers = ()                # reads only the target's final hidden state, which every forward returns
 
     @property
@@ -132,10 +136,10 @@ class MedusaDrafter:
             logits = llama.lm_head(ctx.target_weights["output_head"], head_hidden(params, hidden))   # [B, K, V]
         else:
             logits = head_logits(params, hidden)                                # [B, K, V]
-        if self.tree is not None:
-            depth = self.tree.max_depth
-            cand = jax.lax.top_k(logits[:, :depth], self.tree.topk)[1].astype(jnp.int32)   # [B, D, topk]
-            tree = tree_search.static_tree_from_candidates(self.tree, last_tokens(ctx, 1)[:, 0], cand)
+        if self.tree is not None or self.num_steps:       # head d's distribution for every depth-(d + 1) node
+            depth = self.tree.max_depth if self.tree is not None else self.num_steps
+            tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
+                                                         last_tokens(ctx, 1)[:, 0], logits[:, :depth])
             return Draft(tree.tokens[:, 1:], None, tree), hidden
         tokens, probs, confidence = pick_tokens(logits[:, :self.k], keys, sp)  # [B, k]: one draw per head
         return Draft(tokens, probs, confidence=confidence), hidden
@@ -263,16 +267,18 @@ def _build(req: BuildRequest):
         raise ValueError(f"Medusa heads {heads.name!r} are for hidden {heads.hidden_size} / vocab "
                          f"{heads.vocab_size}, the target has {req.target.config.hidden_size} / "
                          f"{req.target.config.vocab_size}")
-    if cfg.is_tree and cfg.tree is None:
-        raise ValueError("Medusa drafts static trees (tree_choices); a dynamic tree needs a drafter that "
-                         "conditions on its own drafts (eagle)")
-    depth = cfg.tree.max_depth if cfg.tree is not None else cfg.k
+    steps, topk = (cfg.num_steps or 0), (cfg.topk or 0)
+    depth = cfg.tree.max_depth if cfg.tree is not None else steps or cfg.k
     if depth > heads.num_heads:
-        raise ValueError(f"{'the tree is ' + str(depth) + ' deep' if cfg.tree is not None else f'k={depth}'} "
-                         f"but the Medusa heads {heads.name!r} have only {heads.num_heads} heads (one per depth)")
-    if cfg.tree is not None and cfg.tree.topk > vocab:
-        raise ValueError(f"the tree asks for top-{cfg.tree.topk} candidates but the vocabulary has {vocab} tokens")
-    return MedusaDrafter(cfg.k, heads.num_heads, cfg.tree, heads.layout == "target_head"), heads.params
+        what = (f"the tree is {depth} deep" if cfg.tree is not None else
+                f"the dynamic tree searches {depth} depths" if steps else f"k={depth}")
+        raise ValueError(f"{what} but the Medusa heads {heads.name!r} have only {heads.num_heads} heads (one per "
+                         "depth)")
+    width = cfg.tree.topk if cfg.tree is not None else topk
+    if width > vocab:
+        raise ValueError(f"the tree asks for top-{width} candidates but the vocabulary has {vocab} tokens")
+    return (MedusaDrafter(cfg.k, heads.num_heads, cfg.tree, heads.layout == "target_head", steps, topk),
+            heads.params)
 
 
 def _param_specs(drafter: MedusaDrafter, params, mesh):

@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, pick_tokens
+from specjax.drafters.base import Context, Draft, pick_block
 from specjax.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, llama_param_specs, \
     prepare_llama_params
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
@@ -97,9 +97,7 @@ class PardDrafter:
 
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         logits, cache = self.draft_logits(params, cache, ctx)                           # [B, k, V]
-        step_keys = jax.vmap(lambda key: jax.random.split(key, self.k))(keys)  # [B, k] keys
-        tokens, probs, confidence = jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(
-            logits, step_keys)                                                           # [B, k, ...]
+        tokens, probs, confidence = pick_block(logits, keys, sp)                       # [B, k, ...]
         return Draft(tokens, probs, confidence=confidence), cache
 
     def commit(self, params, cache, ctx, num_accepted, target_out, verified):

@@ -18,13 +18,17 @@ Two methods, one drafter class:
             the draft logits are scattered into a [V] row of -1e30 before the shared sampling transform), so
             speculative sampling stays exact. At draft step i > 0 the layer consumes its own previous output
             (pre-norm) as the hidden input, exactly as EAGLE-1 does.
+            P-EAGLE (config.parallel_drafting; Hui et al. 2026): draft 1 as above, drafts 2..k from ONE forward of
+            k - 1 entries whose inputs are a learned mask embedding and shared hidden state (they stand for the
+            drafts not yet known); trees are built from those per-depth distributions.
 
 The package, one module per job: config (EagleConfig, EagleWeights, eagle_config, init_params, the target
 layers an EAGLE-3 drafter fuses), vocab (EAGLE-3's draft vocabulary maps), model (the layer maths and the training
 forwards), drafter (EagleDrafter and its registration as "eagle" and "eagle3"), checkpoint (our artifacts and the
 published layouts, in and out).
 
-Training (pure functions, no cache): forward_sequence, ttt_forward and ttt_mask, project_features, draft_logits,
+Training (pure functions, no cache): forward_sequence, ttt_forward and ttt_mask (P-EAGLE: mask_inputs at the
+steps past the first), project_features, draft_logits,
 init_params, eagle_config, the vocabulary helpers (vocab_map_from_counts, t2d_from_d2t, target_to_draft).
 """
 from specjax.drafters.eagle.checkpoint import (VOCAB_MAP_NAME, check_target, export_published, load, load_published,
@@ -33,12 +37,13 @@ from specjax.drafters.eagle.config import (KINDS, EagleConfig, EagleWeights, def
                                            init_params, reference_target_layers)
 from specjax.drafters.draft_vocab import NEG_LOGIT
 from specjax.drafters.eagle.drafter import EagleDrafter, EagleState   # registers "eagle", "eagle3"
-from specjax.drafters.eagle.model import draft_logits, forward_sequence, project_features, ttt_forward, ttt_mask
+from specjax.drafters.eagle.model import (draft_logits, forward_sequence, mask_inputs, project_features, ttt_forward,
+                                          ttt_mask)
 from specjax.drafters.eagle.vocab import (check_vocab_map, draft_to_target, restrict_draft_vocab, t2d_from_d2t,
                                           target_to_draft, vocab_map_from_counts)
 
 __all__ = ["KINDS", "NEG_LOGIT", "VOCAB_MAP_NAME", "EagleConfig", "EagleDrafter", "EagleState", "EagleWeights",
            "check_target", "check_vocab_map", "default_target_layers", "draft_logits", "draft_to_target",
-           "eagle_config", "export_published", "forward_sequence", "init_params", "load", "load_published",
+           "eagle_config", "export_published", "forward_sequence", "init_params", "load", "load_published", "mask_inputs",
            "project_features", "reference_target_layers", "restrict_draft_vocab", "save", "t2d_from_d2t",
            "target_to_draft", "ttt_forward", "ttt_mask", "vocab_map_from_counts"]

@@ -77,6 +77,8 @@ def _expected_shapes(config: EagleConfig, own_embed: bool) -> dict:
                        "lm_head": (H, config.draft_vocab_size)})
         if config.fc_norm:
             shapes["fc_norm"] = (len(config.target_layers), config.target_hidden_size)
+        if config.parallel_drafting:
+            shapes.update(mask_embed=(H,), mask_hidden=(H,))
     if own_embed:
         shapes["embed"] = (c.vocab_size, H)
     return shapes
@@ -270,6 +272,10 @@ def export_published(path: str | os.PathLike, weights: EagleWeights, dtype: str 
     indices vLLM reads). torch_bin: pytorch_model.bin instead of model.safetensors (needs torch)."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     cfg, path = weights.config, os.fspath(path)
+    if cfg.parallel_drafting:
+        raise ValueError(f"EAGLE drafter {weights.name!r} is a P-EAGLE (parallel_drafting) drafter: its learned "
+                         "mask embedding and shared hidden state have no place in the EAGLE-3 layout; keep our "
+                         "artifact (eagle.save)")
     os.makedirs(path, exist_ok=True)
     flat = _flatten(weights.params)
     is3 = cfg.kind == "eagle3"

@@ -37,6 +37,10 @@ class EagleConfig:
       so that layers of very different scale contribute alike.
     norm_output: EAGLE-3.1: the layer's output goes through final_norm once, and that post-norm state is both
       what lm_head reads and the hidden input of the next draft step (EAGLE-3 feeds back the pre-norm state).
+    parallel_drafting: P-EAGLE (Hui et al. 2026): drafts 2..k come from ONE forward of k - 1 entries whose inputs
+      are a learned mask embedding and a learned shared hidden state (params["mask_embed"], ["mask_hidden"], [H]
+      each) instead of the previous draft's token and output; draft 1 is EAGLE-3's. Trained by the same
+      training-time test with those inputs at steps > 0.
     """
     kind: str
     layer: ModelConfig
@@ -46,6 +50,7 @@ class EagleConfig:
     norm_before_residual: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    parallel_drafting: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -53,9 +58,10 @@ class EagleConfig:
         object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
         if self.kind == "eagle":
             if (self.target_layers or self.draft_vocab_size is not None or self.norm_before_residual
-                    or self.fc_norm or self.norm_output):
+                    or self.fc_norm or self.norm_output or self.parallel_drafting):
                 raise ValueError("EAGLE-1 reads the target's final hidden state: target_layers, draft_vocab_size, "
-                                 "norm_before_residual, fc_norm and norm_output are EAGLE-3 settings")
+                                 "norm_before_residual, fc_norm, norm_output and parallel_drafting are EAGLE-3 "
+                                 "settings")
             if self.target_hidden_size != self.layer.hidden_size:
                 raise ValueError(f"EAGLE-1 regresses the target's feature: hidden_size {self.layer.hidden_size} "
                                  f"must equal the target's {self.target_hidden_size}")
@@ -88,7 +94,8 @@ class EagleConfig:
                 "max_position_embeddings": c.max_position_embeddings,
                 "target_hidden_size": self.target_hidden_size, "target_layers": list(self.target_layers),
                 "draft_vocab_size": self.draft_vocab_size, "norm_before_residual": self.norm_before_residual,
-                "fc_norm": self.fc_norm, "norm_output": self.norm_output}
+                "fc_norm": self.fc_norm, "norm_output": self.norm_output,
+                "parallel_drafting": self.parallel_drafting}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
@@ -98,11 +105,14 @@ class EagleConfig:
                             num_heads=int(d["num_heads"]), num_kv_heads=int(d["num_kv_heads"]),
                             head_dim=int(d["head_dim"]), rope_theta=float(d["rope_theta"]),
                             rope_scaling=tuple(sorted(rs.items())) if rs else None,
-                            rms_norm_eps=float(d["rms_norm_eps"]), attention_bias=bool(d.get("attention_bias")),
+                            # the shortest decimal of its float32 value: a file that stored the f32 image
+                            # (9.999999747e-06) is the same drafter as one that stored 1e-05
+                            rms_norm_eps=float(str(np.float32(d["rms_norm_eps"]))), attention_bias=bool(d.get("attention_bias")),
                             max_position_embeddings=int(d.get("max_position_embeddings", 2048)))
         return cls(d["kind"], layer, int(d["target_hidden_size"]), tuple(d.get("target_layers") or ()),
                    d.get("draft_vocab_size"), bool(d.get("norm_before_residual", False)),
-                   bool(d.get("fc_norm", False)), bool(d.get("norm_output", False)))
+                   bool(d.get("fc_norm", False)), bool(d.get("norm_output", False)),
+                   bool(d.get("parallel_drafting", False)))
 
 
 class EagleWeights(NamedTuple):
@@ -111,7 +121,8 @@ class EagleWeights(NamedTuple):
     params (float leaves only): {"layer": {wq [Hin, Hq*D], wk/wv [Hin, Hkv*D], wo [Hq*D, H], mlp_norm [H],
       w_gate/w_up [H, I], w_down [I, H], (bq, bk, bv), EAGLE-3: attn_norm [H] (input_layernorm), hidden_norm [H]},
       "fc_w" [2H, H] + "fc_b" [H] (EAGLE-1) or "fc_w" [n*H_t, H] (EAGLE-3), EAGLE-3: "final_norm" [H],
-      "lm_head" [H, N], EAGLE-3.1 fc_norm: "fc_norm" [n, H_t]; optional "embed" [V, H] (else the target's)};
+      "lm_head" [H, N], EAGLE-3.1 fc_norm: "fc_norm" [n, H_t], P-EAGLE: "mask_embed" [H] and "mask_hidden" [H];
+      optional "embed" [V, H] (else the target's)};
       Hin = H (EAGLE-1) or 2H (EAGLE-3).
     d2t: EAGLE-3: int64 [N], target id = draft id + d2t[draft id]; None for EAGLE-1.
     """
@@ -145,10 +156,10 @@ def eagle_config(target, kind: str = "eagle", *, target_layers: Sequence[int] | 
                  intermediate_size: int | None = None, num_heads: int | None = None,
                  num_kv_heads: int | None = None, head_dim: int | None = None,
                  norm_before_residual: bool = False, fc_norm: bool = False,
-                 norm_output: bool = False) -> EagleConfig:
+                 norm_output: bool = False, parallel_drafting: bool = False) -> EagleConfig:
     """A drafter config for `target` (a specjax Model or its ModelConfig): the layer copies the target's shape
     (heads, rope, eps) unless overridden; EAGLE-3 defaults: default_target_layers, draft vocab = full vocab;
-    fc_norm and norm_output make it an EAGLE-3.1 drafter."""
+    fc_norm and norm_output make it an EAGLE-3.1 drafter, parallel_drafting a P-EAGLE one."""
     tc = getattr(target, "config", target)
     H = hidden_size or tc.hidden_size
     heads = num_heads or (tc.num_heads if H == tc.hidden_size else max(1, H // tc.head_dim))
@@ -159,11 +170,11 @@ def eagle_config(target, kind: str = "eagle", *, target_layers: Sequence[int] | 
                         rms_norm_eps=tc.rms_norm_eps, max_position_embeddings=tc.max_position_embeddings)
     if kind == "eagle":                  # EagleConfig refuses the EAGLE-3 settings for it
         return EagleConfig("eagle", layer, tc.hidden_size, norm_before_residual=norm_before_residual,
-                           fc_norm=fc_norm, norm_output=norm_output)
+                           fc_norm=fc_norm, norm_output=norm_output, parallel_drafting=parallel_drafting)
     layers = default_target_layers(tc.num_layers) if target_layers is None else tuple(target_layers)
     return EagleConfig("eagle3", layer, tc.hidden_size, layers,
                        tc.vocab_size if draft_vocab_size is None else int(draft_vocab_size),
-                       norm_before_residual, fc_norm, norm_output)
+                       norm_before_residual, fc_norm, norm_output, parallel_drafting)
 
 
 def init_params(key: jax.Array, config: EagleConfig, std: float = 0.02, dtype=jnp.float32,
@@ -172,7 +183,7 @@ def init_params(key: jax.Array, config: EagleConfig, std: float = 0.02, dtype=jn
     c = config.layer
     H, I, D, Hq, Hkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads, c.num_kv_heads
     hin = H if config.kind == "eagle" else 2 * H
-    keys = iter(jax.random.split(key, 12))
+    keys = iter(jax.random.split(key, 14))
     normal = lambda shape: (std * jax.random.normal(next(keys), shape)).astype(dtype)
     ones, zeros = (lambda n: jnp.ones((n,), dtype)), (lambda n: jnp.zeros((n,), dtype))
     layer = {"wq": normal((hin, Hq * D)), "wk": normal((hin, Hkv * D)), "wv": normal((hin, Hkv * D)),
@@ -189,6 +200,8 @@ def init_params(key: jax.Array, config: EagleConfig, std: float = 0.02, dtype=jn
                       final_norm=ones(H), lm_head=normal((H, config.draft_vocab_size)))
         if config.fc_norm:
             params["fc_norm"] = jnp.ones((len(config.target_layers), config.target_hidden_size), dtype)
+        if config.parallel_drafting:
+            params.update(mask_embed=normal((H,)), mask_hidden=normal((H,)))
     if embed:
         params["embed"] = normal((c.vocab_size, H))
     return params

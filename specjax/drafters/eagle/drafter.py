@@ -19,6 +19,10 @@ Cache / feature alignment (the same for both kinds, and for training: see model.
            committed length - 1 = L + n) and the output at j = n (the bonus token paired with the last accepted
            feature) is the next first-draft state. The tokens are read at old cache length + 1 + j from
            ctx.tokens, so rows clipped by EOS / max_new_tokens stay consistent.
+  P-EAGLE (config.parallel_drafting): propose drafts 1 from the stored hidden as above, and drafts 2..D from ONE
+           forward of D - 1 entries (mask embedding, shared hidden) at entries committed .. committed + D - 2,
+           causal among themselves (nothing kept); D = k for a chain, the tree's depth for a tree built from the
+           depths' distributions (tree_search.tree_from_position_logits). init and commit are EAGLE-3's.
 """
 from __future__ import annotations
 
@@ -32,12 +36,12 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_block, pick_tokens
 from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.eagle.checkpoint import check_target, load
 from specjax.drafters.eagle.config import EagleConfig, EagleWeights
-from specjax.drafters.eagle.model import (draft_logits, embed_table, layer_inputs, layer_output, project_features,
-                                          project_qkv)
+from specjax.drafters.eagle.model import (draft_logits, embed_table, layer_inputs, layer_output, mask_inputs,
+                                          project_features, project_qkv)
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec, leaf_spec
 from specjax.models.llama import attention
@@ -73,20 +77,27 @@ class EagleDrafter:
     def is_tree(self) -> bool:
         return self.tree is not None or self.num_steps > 0
 
+    @property
+    def parallel_depth(self) -> int:
+        """P-EAGLE: the depths one propose drafts at once (a chain's k, a tree's depth)."""
+        return self.tree.max_depth if self.tree is not None else self.num_steps or self.k
+
     # -- pieces
     def _features(self, params, target_out) -> jax.Array:
         feats = target_out.hidden if self.config.kind == "eagle" else target_out.layer_hidden
         return project_features(params, self.config, feats)
 
-    def _run(self, params, ctx: Context, tokens, hid, cache: KVCache, depths=None, mask=None):
-        """Feed pairs (tokens [B, T], hidden inputs [B, T, H]) at each row's cache length (positions length +
-        depths) -> (outputs [B, T, H], cache with the entries written, lengths not advanced)."""
+    def _run(self, params, ctx: Context, tokens, hid, cache: KVCache, depths=None, mask=None, emb=None):
+        """Feed pairs (tokens [B, T] or their embeddings emb [B, T, H], hidden inputs [B, T, H]) at each row's
+        cache length (positions length + depths) -> (outputs [B, T, H], cache with the entries written, lengths
+        not advanced)."""
         c = self.config.layer
-        B, T = tokens.shape
+        B, T = hid.shape[:2]
         if depths is None:
             depths = jnp.arange(T, dtype=jnp.int32)
         positions = cache.lengths[:, None] + jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (B, T))
-        emb = embed_table(params, ctx.target_weights)[tokens].astype(hid.dtype)
+        if emb is None:
+            emb = embed_table(params, ctx.target_weights)[tokens].astype(hid.dtype)
         resid, x_in = layer_inputs(params, self.config, emb, hid)
         q, k, v = project_qkv(params["layer"], c, x_in, positions)
         cache = cache.write(0, k, v, cache.lengths)
@@ -112,7 +123,26 @@ class EagleDrafter:
         last = jnp.take_along_axis(out, (ctx.prompt_length - 1)[:, None, None], axis=1)[:, 0]
         return EagleState(cache.replace(lengths=ctx.prompt_length), last)
 
+    def parallel_logits(self, params, state: EagleState, ctx: Context) -> jax.Array:
+        """P-EAGLE: the draft logits of every depth over the target vocabulary [B, D, V]: depth 1 from the stored
+        hidden, depths 2..D from one forward of D - 1 mask entries past the committed cache."""
+        D = self.parallel_depth
+        first = self._logits(params, ctx, state.hidden)[:, None]
+        if D == 1:
+            return first
+        emb, hid = mask_inputs(params, state.hidden.shape[0], D - 1, state.hidden.dtype)
+        out, _ = self._run(params, ctx, None, hid, state.cache, emb=emb)
+        return jnp.concatenate([first, self._logits(params, ctx, out)], 1)
+
     def propose(self, params, state: EagleState, ctx: Context, keys, sp: SamplingParams):
+        if self.config.parallel_drafting:
+            logits = self.parallel_logits(params, state, ctx)
+            if self.is_tree:                  # deterministic top-k children: exact at any temperature
+                tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
+                                                             last_tokens(ctx, 1)[:, 0], logits)
+                return Draft(tree.tokens[:, 1:], None, tree), state
+            tokens, probs, confidence = pick_block(logits, keys, sp)
+            return Draft(tokens, probs, confidence=confidence), state
         if self.is_tree:
             return self._propose_tree(params, state, ctx)
         k = self.k
@@ -203,7 +233,8 @@ def _build(req: BuildRequest, kind: str):
 
 
 def _param_specs(drafter: EagleDrafter, params, mesh):
-    own = {"fc_w": P(), "fc_b": P(), "fc_norm": P(), "hidden_norm": P(), "vocab_map": P()}
+    own = {"fc_w": P(), "fc_b": P(), "fc_norm": P(), "hidden_norm": P(), "vocab_map": P(), "mask_embed": P(),
+           "mask_hidden": P()}
 
     def spec(path, x):
         key = next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)

@@ -75,6 +75,14 @@ def embed_table(params: dict, target_weights) -> jax.Array:
     return target_weights["embed"]
 
 
+def mask_inputs(params: dict, batch: int, length: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """P-EAGLE's inputs at a parallel depth: (the learned mask embedding, the learned shared hidden state), each
+    broadcast to [batch, length, H]: what stands in for a draft's token and its drafter output, not yet known."""
+    shape = (batch, length, params["mask_hidden"].shape[-1])
+    return (jnp.broadcast_to(params["mask_embed"].astype(dtype), shape),
+            jnp.broadcast_to(params["mask_hidden"].astype(dtype), shape))
+
+
 def project_features(params: dict, config: EagleConfig, features) -> jax.Array:
     """The drafter's step-0 hidden input from target features. EAGLE-1: the target's final normed hidden state
     [B, T, H] itself. EAGLE-3: fc(concat(target layer outputs)): `features` a sequence of [B, T, H_t] (in
@@ -150,6 +158,8 @@ def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, 
     (tokens[:, t + i]; pad_id past the end), RoPE positions t + i and the attention of ttt_mask. Output i at index t
     predicts the same target as forward_sequence's output at index t + i (logits: ids[:, t + i + 2]); indices
     t >= T - i are padding. Works for both kinds (EAGLE-1 unrolls through fc the same way).
+    P-EAGLE (config.parallel_drafting): step i > 0 reads mask_inputs instead of a token and step i-1's output, so
+    step i at index t is exactly depth i + 1 of the one parallel forward that inference runs after entry t.
     Returns (hidden [n, B, T, H], logits [n, B, T, V or N]).
     """
     B, T = tokens.shape
@@ -160,7 +170,10 @@ def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, 
     padded = jnp.concatenate([tokens, jnp.full((B, n), pad_id, tokens.dtype)], axis=1)
     ks, vs, outs = [], [], []
     for i in range(n):
-        emb = table[padded[:, i:i + T]].astype(hid.dtype)
+        if config.parallel_drafting and i > 0:
+            emb, hid = mask_inputs(params, B, T, hid.dtype)
+        else:
+            emb = table[padded[:, i:i + T]].astype(hid.dtype)
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + i, (B, T))
         resid, x_in = layer_inputs(params, config, emb, hid)
         q, k, v = project_qkv(params["layer"], config.layer, x_in, positions)
