@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import ForwardOut
 from specjax.sampling import SamplingParams, greedy_token, probabilities, sample
-from specjax.trees import Tree
+from specjax import tree_search
+from specjax.trees import Tree, TreeSpec
 
 
 # Target weights a drafter may declare in `target_weights`: the token embedding [V, H], the LM head [H, V] (the
@@ -181,6 +182,20 @@ def pick_block(logits: jax.Array, keys: jax.Array,
     k = logits.shape[1]
     step_keys = jax.vmap(lambda key: jax.random.split(key, k))(keys)                # [B, k] keys
     return jax.vmap(lambda lg, kk: pick_tokens(lg, kk, sp), in_axes=(1, 1), out_axes=1)(logits, step_keys)
+
+
+def block_draft(logits: jax.Array, ctx: Context, keys: jax.Array, sp: SamplingParams, tree: TreeSpec | None,
+                num_steps: int, topk: int, num_nodes: int) -> Draft:
+    """The Draft of a drafter whose distributions of every depth are known at once (logits [B, D, V], depth d + 1's
+    at d; they do not depend on the drafts before them): the configured tree from them
+    (tree_search.tree_from_position_logits: deterministic top-k children, exact at any temperature), else a chain
+    of one pick per position (pick_block)."""
+    if tree is not None or num_steps:
+        found = tree_search.tree_from_position_logits(tree, num_steps, topk, num_nodes, last_tokens(ctx, 1)[:, 0],
+                                                      logits)
+        return Draft(found.tokens[:, 1:], None, found)
+    tokens, probs, confidence = pick_block(logits, keys, sp)
+    return Draft(tokens, probs, confidence=confidence)
 
 
 def chain_of_picks(first: tuple, later: tuple) -> tuple:

@@ -43,11 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels.small_m_matmul import matmul
-from specjax import tree_search
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, last_tokens, pick_block, target_weight
+from specjax.drafters.base import Context, block_draft, last_tokens, target_weight
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import apply_rope, rms_norm
@@ -247,12 +246,7 @@ class DFlashDrafter:
 
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         logits = self.block_logits(params, cache, ctx)
-        if self.is_tree:                      # deterministic top-k children: exact at any temperature
-            tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
-                                                         last_tokens(ctx, 1)[:, 0], logits)
-            return Draft(tree.tokens[:, 1:], None, tree), cache
-        tokens, probs, confidence = pick_block(logits, keys, sp)
-        return Draft(tokens, probs, confidence=confidence), cache
+        return block_draft(logits, ctx, keys, sp, self.tree, self.num_steps, self.topk, self.k + 1), cache
 
     def commit(self, params, cache: KVCache, ctx, num_accepted, target_out, verified):
         # the verify pass's features at the anchor and the drafts (sequence order); n + 1 of them are committed now

@@ -38,10 +38,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from cpu_kernels.small_m_matmul import matmul
-from specjax import tree_search
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, last_tokens, pick_tokens
+from specjax.drafters.base import Context, Draft, block_draft, pick_tokens
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec
 from specjax.models import llama
@@ -138,9 +137,8 @@ class MedusaDrafter:
             logits = head_logits(params, hidden)                                # [B, K, V]
         if self.tree is not None or self.num_steps:       # head d's distribution for every depth-(d + 1) node
             depth = self.tree.max_depth if self.tree is not None else self.num_steps
-            tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
-                                                         last_tokens(ctx, 1)[:, 0], logits[:, :depth])
-            return Draft(tree.tokens[:, 1:], None, tree), hidden
+            return block_draft(logits[:, :depth], ctx, keys, sp, self.tree, self.num_steps, self.topk,
+                               self.k + 1), hidden
         tokens, probs, confidence = pick_tokens(logits[:, :self.k], keys, sp)  # [B, k]: one draw per head
         return Draft(tokens, probs, confidence=confidence), hidden
 

@@ -36,7 +36,8 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_block, pick_tokens
+from specjax.drafters.base import (Context, Draft, block_draft, chain_of_picks, chain_scan, last_tokens,
+                                   pick_tokens)
 from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.eagle.checkpoint import check_target, load
 from specjax.drafters.eagle.config import EagleConfig, EagleWeights
@@ -137,12 +138,7 @@ class EagleDrafter:
     def propose(self, params, state: EagleState, ctx: Context, keys, sp: SamplingParams):
         if self.config.parallel_drafting:
             logits = self.parallel_logits(params, state, ctx)
-            if self.is_tree:                  # deterministic top-k children: exact at any temperature
-                tree = tree_search.tree_from_position_logits(self.tree, self.num_steps, self.topk, self.k + 1,
-                                                             last_tokens(ctx, 1)[:, 0], logits)
-                return Draft(tree.tokens[:, 1:], None, tree), state
-            tokens, probs, confidence = pick_block(logits, keys, sp)
-            return Draft(tokens, probs, confidence=confidence), state
+            return block_draft(logits, ctx, keys, sp, self.tree, self.num_steps, self.topk, self.k + 1), state
         if self.is_tree:
             return self._propose_tree(params, state, ctx)
         k = self.k
