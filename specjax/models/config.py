@@ -4,6 +4,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
+
+def float32_decimal(x) -> float:
+    """The shortest decimal of x's float32 value (1e-05 for its float32 image 9.999999747e-06): what a setting
+    stored in float32 means, so that configs read from float32 and from decimal sources compare equal."""
+    return float(str(np.float32(x)))
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",

@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
-from specjax.models.config import ModelConfig
+from specjax.models.config import ModelConfig, float32_decimal
 from specjax.models.hf_io import save_pretrained
 
 # Tensor types read (dequantized to float32); others are refused by name.
@@ -105,7 +105,7 @@ def gguf_config(fields: _Fields) -> ModelConfig:
         num_layers=int(a("block_count")), num_heads=heads,
         num_kv_heads=int(fields.get(f"{arch}.attention.head_count_kv") or heads), head_dim=head_dim,
         family="llama", rope_theta=float(fields.get(f"{arch}.rope.freq_base") or 10000.0), rope_scaling=rope_scaling,
-        rms_norm_eps=float(str(np.float32(a("attention.layer_norm_rms_epsilon")))),   # 1e-05, not its f32 image
+        rms_norm_eps=float32_decimal(a("attention.layer_norm_rms_epsilon")),   # 1e-05, not its f32 image
         tie_word_embeddings=False,             # set by read_gguf from the tensors (no output.weight: tied)
         max_position_embeddings=int(fields.get(f"{arch}.context_length") or 2048),
         bos_token_id=fields.get("tokenizer.ggml.bos_token_id"), eos_token_id=fields.get("tokenizer.ggml.eos_token_id"))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models.config import ModelConfig
+from specjax.models.config import ModelConfig, float32_decimal
 
 KINDS = ("eagle", "eagle3")
 
@@ -105,9 +105,9 @@ class EagleConfig:
                             num_heads=int(d["num_heads"]), num_kv_heads=int(d["num_kv_heads"]),
                             head_dim=int(d["head_dim"]), rope_theta=float(d["rope_theta"]),
                             rope_scaling=tuple(sorted(rs.items())) if rs else None,
-                            # the shortest decimal of its float32 value: a file that stored the f32 image
-                            # (9.999999747e-06) is the same drafter as one that stored 1e-05
-                            rms_norm_eps=float(str(np.float32(d["rms_norm_eps"]))), attention_bias=bool(d.get("attention_bias")),
+                            # a file that stored the f32 image is the same drafter as one that stored 1e-05
+                            rms_norm_eps=float32_decimal(d["rms_norm_eps"]),
+                            attention_bias=bool(d.get("attention_bias")),
                             max_position_embeddings=int(d.get("max_position_embeddings", 2048)))
         return cls(d["kind"], layer, int(d["target_hidden_size"]), tuple(d.get("target_layers") or ()),
                    d.get("draft_vocab_size"), bool(d.get("norm_before_residual", False)),
