@@ -160,10 +160,11 @@ def saved_drafter(path: str, target, cfg: eagle.EagleConfig, seed: int = 0) -> t
     now given would rank their tokens otherwise; the MANIFEST reports its coverage of these rows."""
     weights = eagle.load(path, target, cfg.kind)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), weights.params)
-    extends = cfg.parallel_drafting and dataclasses.replace(weights.config, parallel_drafting=True) == cfg
+    extends = (cfg.parallel_drafting and not weights.config.parallel_drafting
+               and dataclasses.replace(weights.config, parallel_drafting=True) == cfg)
     if weights.config != cfg and not extends:
         raise ValueError(f"--init_drafter {path} is {weights.config}; the flags ask for {cfg}")
-    if extends and "mask_hidden" not in params:
+    if extends:
         fresh = eagle.init_params(jax.random.PRNGKey(seed), cfg)
         params.update(mask_embed=fresh["mask_embed"], mask_hidden=fresh["mask_hidden"])
     return params, weights.d2t
