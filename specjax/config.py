@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from specjax.drafters import registry
 from specjax.sampling import SamplingParams, validate_sampling
 from specjax.tree_search import max_dynamic_nodes
-from specjax.trees import TreeSpec
+from specjax.trees import TreeSpec, draft_depth
 
 MAX_SPECULATIVE_TOKENS = 64                        # drafted tokens per step (tree nodes besides the root)
 ACCEPTANCE_RATE_WINDOW = 16                        # speculative steps the acceptance switch averages by default
@@ -284,6 +284,11 @@ class SpecConfig:
             return self.num_speculative_tokens
         derive = registry.get(self.method).derive_k
         return 0 if derive is None else derive(self)
+
+    @property
+    def draft_depth(self) -> int:
+        """How many tokens deep one step drafts (trees.draft_depth)."""
+        return draft_depth(self.tree, self.num_steps, self.k)
 
     @property
     def sampling(self) -> SamplingParams:

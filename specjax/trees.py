@@ -115,6 +115,12 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def draft_depth(tree: "TreeSpec | None", num_steps: int | None, k: int) -> int:
+    """How many tokens deep one proposal drafts: a static tree's depth, a dynamic tree's search steps, else the
+    chain's k (what a drafter whose distributions depend on the depth only must produce at once)."""
+    return tree.max_depth if tree is not None else num_steps or k
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TreeSpec:
     """A static token tree. Hashable and compared by its choices, so it can be a static argument of jax.jit.

@@ -325,6 +325,14 @@ def vocabulary_coverage(d2t: np.ndarray, rows, heldout, first_label: int, vocab_
     return {"train": share(rows), "heldout": share(heldout)}
 
 
+WIDTH_BUCKET = 64     # batches of chat rows are cut to a multiple of this many columns: a few compiled shapes
+
+
+def bucketed_width(length: int, width: int, bucket: int = WIDTH_BUCKET) -> int:
+    """The narrowest multiple of `bucket` columns that holds `length` positions, at most the rows' own `width`."""
+    return int(min(-(-int(length) // bucket) * bucket, width))
+
+
 class RowBatches:
     """Batches of whole rows of a [N, seq_len + 1] token array (e.g. a cached self-distillation set: the target's
     own generations, one sample per row). Sample k of the run (k = step * batch + row) is row perm_e[k mod N] of
@@ -333,7 +341,8 @@ class RowBatches:
     length_pool P > 0 (rows with spans): perm_e is regrouped by length, P batches at a time: each run of P * batch
     rows of the random permutation is sorted by row length (label_end), cut into batches, and those batches
     shuffled, so a batch's rows are of similar length (a batch is cut to its longest row: chat rows of 50 to 570
-    tokens otherwise fill ~60% of a random batch) and every row is still seen once per epoch."""
+    tokens otherwise fill ~60% of a random batch) and every row is still seen once per epoch. A batch of rows with
+    spans is cut to the bucketed width of its longest row (bucketed_width), pooled or not."""
 
     def __init__(self, rows: np.ndarray, batch_size: int, seed: int, first_label: np.ndarray | None = None,
                  label_end: np.ndarray | None = None, length_pool: int = 0):
@@ -378,12 +387,12 @@ class RowBatches:
         return np.concatenate(out)
 
     def batch(self, step: int):
-        """int32 [batch, seq_len + 1] (LabeledRows of them with spans)."""
+        """int32 [batch, seq_len + 1]; rows with spans: LabeledRows of them cut to the batch's bucketed width."""
         idx = self.indices(step)
-        tokens = np.asarray(self.rows[idx], np.int32)
         if self.spans is None:
-            return tokens
-        return LabeledRows(tokens, self.spans[0][idx], self.spans[1][idx])
+            return np.asarray(self.rows[idx], np.int32)
+        width = bucketed_width(self.spans[1][idx].max(), self.rows.shape[1])
+        return LabeledRows(np.asarray(self.rows[idx, :width], np.int32), self.spans[0][idx], self.spans[1][idx])
 
     def epochs(self, steps: int) -> float:
         return steps * self.batch_size / len(self.rows)

@@ -41,8 +41,7 @@ flags.DEFINE_integer("draft_vocab_size", 0, "0: draft over the target's whole vo
                      "own head over the N most frequent target-generated tokens of the training rows")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: drafts per block scored")
 flags.DEFINE_integer("num_train", 2048, "self-distillation rows (train.self_distill)")
-flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus (stdlib windows "
-                  "continued by the target) or chat (a chat target's answers to ShareGPT training first turns)")
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, self_distill.DATA_HELP)
 
 NOTES = """\
 DFlash-style block drafter for {target}: {layers} decoder layer(s) (hidden {H}, {heads}/{kv} heads, MLP {I};
@@ -94,7 +93,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             target=F.target, layers=cfg.num_layers, H=cfg.hidden_size, heads=cfg.num_heads, kv=cfg.num_kv_heads,
             I=cfg.intermediate_size, n_params=n_params, bs=cfg.block_size, k=cfg.block_size - 1,
             tl=list(cfg.target_layers), rows=len(batches.rows), data=F.data, anchors=F.anchors_per_row,
-            vocab=(f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the training "
+            vocab=(f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent label tokens of the training "
                    f"rows (coverage of label tokens: train {cov['train']:.3f}, held-out {cov['heldout']:.3f})."
                    if d2t is not None else "Drafts over the target's whole vocabulary through its LM head."),
             decay=F.position_decay, eval_rows=record.get("heldout_rows"), n=n,

@@ -77,9 +77,7 @@ flags.DEFINE_string("init_drafter", None, "continue from this saved drafter: its
                     "keeps its draft vocabulary; the optimizer and the schedule start afresh")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
-flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
-                  "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
-                  "target (build_chat; each row's labels are its answer)")
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, self_distill.DATA_HELP)
 flags.DEFINE_bool("export_published", False, "also write the weights in the published EAGLE layout under "
                   "<out>/published (a second copy: off by default to keep checkpoints/ small)")
 
@@ -92,8 +90,7 @@ DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 
 
 NOTES = """\
 {variant} drafter for {target}: one decoder layer (hidden {H}, {heads}/{kv_heads} heads, MLP {I}; {n_params:,}
-trainable parameters{own}), trained on {rows} continuations the target generated itself (train.self_distill; half
-greedy, half temperature 1; {prompts}), labels = target-generated tokens only.
+trainable parameters{own}), trained on {trained_on}.
 {loss}
 {vocab}
 Held-out ({eval_rows} {heldout_prompts}), drafter unrolled {n} steps on its own features,
@@ -234,10 +231,10 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                      f"{tcfg.num_layers} (chosen by {layers_why}). "
                      + (f"Draft vocabulary: that of the drafter this run continued ({F.init_drafter}), "
                         f"{cfg.draft_vocab_size} of {tcfg.vocab_size} tokens; it covers" if F.init_drafter else
-                        f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent target-generated tokens of the "
+                        f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent label tokens of the "
                         f"training rows (of {tcfg.vocab_size}); they cover")
-                     + f" {cov['train']:.1%} of the target-generated "
-                     f"training tokens and {cov['heldout']:.1%} of the held-out ones.")
+                     + f" {cov['train']:.1%} of the training rows' label "
+                     f"tokens and {cov['heldout']:.1%} of the held-out ones.")
         else:
             loss = (f"Loss: {F.reg_weight} x smooth-L1 regression of the target's next final normed hidden state + "
                     f"{F.ce_weight} x soft cross-entropy against the target's next-token distribution (drafter "
@@ -251,19 +248,17 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         published_note = (f"published/ holds the same weights in the {layout} layout (eagle.export_published) for "
                           "engines that load those." if F.export_published else
                           f"eagle.export_published writes them in the {layout} layout for engines that load those.")
+        trained_on, heldout_prompts = self_distill.describe_rows(F.data, ds["meta"], len(batches.rows))
         notes = NOTES.format(
             variant=variant_name(cfg), target=F.target, H=c.hidden_size, heads=c.num_heads,
             kv_heads=c.num_kv_heads, I=c.intermediate_size, n_params=n_params,
-            own="" if "embed" not in params else ", own embedding", rows=len(batches.rows), loss=loss, vocab=vocab,
+            own="" if "embed" not in params else ", own embedding", loss=loss, vocab=vocab,
             eval_rows=record.get("heldout_rows"), n=n,
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)), accept=record["heldout_accept_len"],
             accept_g=record.get("heldout_accept_len_greedy", float("nan")),
             kind=cfg.kind, published_note=published_note,
-            prompts=("prompts: ShareGPT training-split first turns in the target's chat template, answered to the "
-                     "end of turn" if F.data == "chat" else "prompts from the stdlib training split"),
-            heldout_prompts=("answers to held-out ShareGPT first turns" if F.data == "chat" else
-                             "continuations from held-out stdlib prompts"))
+            trained_on=trained_on, heldout_prompts=heldout_prompts)
         eagle.save(out_dir, weights, target, notes)
         if F.export_published:
             eagle.export_published(os.path.join(out_dir, "published"), weights, dtype="bfloat16")

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from train.data import FeatureRows, LabeledRows, RowBatches
+from train.data import WIDTH_BUCKET, FeatureRows, LabeledRows, RowBatches, bucketed_width
 
 DEFAULT_DIR = os.path.join("data", "features")
 VERSION = 1
@@ -60,7 +60,7 @@ class FeatureStore:
     rows). Build or extend with ensure(); read with gather()."""
 
     def __init__(self, target, rows: LabeledRows, data_dir: str = DEFAULT_DIR, chunk_tokens: int = 16384,
-                 bucket: int = 64, log=print):
+                 bucket: int = WIDTH_BUCKET, log=print):
         self.target, self.rows, self.bucket, self.log = target, rows, bucket, log
         self.lengths = row_lengths(rows)
         if np.any(self.lengths < 1):
@@ -92,7 +92,7 @@ class FeatureStore:
 
     def width(self, length: int) -> int:
         """The bucketed width that holds `length` positions (at most the rows' own width)."""
-        return int(min(-(-length // self.bucket) * self.bucket, self.rows.tokens.shape[1]))
+        return bucketed_width(length, self.rows.tokens.shape[1], self.bucket)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.npy")

@@ -43,14 +43,12 @@ flags.DEFINE_bool("soft_labels", True, "heads learn the target's own distributio
                   "the trained target's); false: hard labels, the rows' tokens")
 flags.DEFINE_string("init_heads", None, "start from these heads (e.g. Medusa-1's for Medusa-2)")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
-flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, "self-distillation rows: corpus = stdlib windows continued by "
-                  "the target (train.self_distill.build); chat = ShareGPT training first turns answered by a chat "
-                  "target (build_chat; each row's labels are its answer). Medusa-1 only")
+flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES,
+                  self_distill.DATA_HELP + "; the chat sources train Medusa-1 only")
 
 NOTES = """\
 Medusa heads for {target} ({variant}): {K} heads x {R} ResBlock(s), layout {layout} ({n_params:,} parameters),
-trained on {rows} continuations the target generated itself (train.self_distill; half greedy, half temperature 1;
-{prompts}), trained at target-generated positions only. Head i predicts the token i + 1
+trained on {trained_on}. Head i predicts the token i + 1
 after the bonus token; loss sum_i {decay}^i CE_i, {labels}.{medusa2} Stored as bfloat16.
 
 Held-out accuracy ({heldout_prompts}), per head top-1 / top-5 agreement with the target's
@@ -74,8 +72,8 @@ def take(rows, idx):
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     cfg = target.config
-    if F.data == "chat" and F.medusa2:
-        raise ValueError("--data=chat trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
+    if F.data != "corpus" and F.medusa2:
+        raise ValueError(f"--data={F.data} trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
                          "stdlib corpus (--data=corpus)")
     ds, (prompt_len, train_rows, heldout, n_greedy), batches = self_distill.recipe_data(
         F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
@@ -147,13 +145,10 @@ def build(run: skeleton.Run) -> skeleton.Parts:
               f"against the original target's {record['original_target_heldout_bpb']:.4f} "
               f"({record['original_target_heldout_loss']:.4f}) on the same {record['target_heldout_tokens']:,} "
               f"held-out corpus tokens.")
+        trained_on, heldout_prompts = self_distill.describe_rows(F.data, ds["meta"], len(batches.rows))
         notes = NOTES.format(target=F.target, variant="Medusa-2" if F.medusa2 else "Medusa-1", K=F.num_heads,
-                             R=F.num_layers, layout=F.layout, n_params=n_params, rows=len(batches.rows),
-                             prompts=("prompts: ShareGPT training-split first turns in the target's chat template, "
-                                      "answered to the end of turn" if F.data == "chat" else
-                                      "prompts from the stdlib training split"),
-                             heldout_prompts=("answers to held-out ShareGPT first turns" if F.data == "chat" else
-                                              "continuations from held-out stdlib prompts"),
+                             R=F.num_layers, layout=F.layout, n_params=n_params,
+                             trained_on=trained_on, heldout_prompts=heldout_prompts,
                              decay=F.head_decay, medusa2=m2, acc=acc,
                              labels="soft, against the target's own distribution for the token (the trained "
                                     "target's for Medusa-2)" if F.soft_labels else "hard, on the rows' tokens")

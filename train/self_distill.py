@@ -21,6 +21,10 @@ rows), rendered with the target's chat template; the target answers each until i
 Rows then have their own lengths: {split}.npz holds tokens [N, R] uint16 (prompt, answer, then zeros),
 prompt_len [N] and length [N] int32. Chunks are keyed by their position in a fixed prompt order, so a rerun with a
 larger num_train reuses every chunk already made.
+
+The recipes' --data=sharegpt reads the same prompts with ShareGPT's own answers (build_answers: data/selfdistill/
+answers-<key>/train.npz in the same layout, no generation) and build_chat's held-out rows; the drafter losses still
+learn the target's distribution at each answer position, so only the context differs from self-distillation.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import hashlib
 import json
 import os
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -169,9 +173,11 @@ def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greed
 
 def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_train: int = 4096,
                num_heldout: int = 256, max_prompt_tokens: int = 384, new_tokens: int = 192,
-               greedy_fraction: float = 0.5, batch: int = 128, seed: int = 0, log=print) -> dict:
+               greedy_fraction: float = 0.5, batch: int = 128, seed: int = 0, log=print,
+               splits: Sequence[str] = ("train", "heldout")) -> dict:
     """Build (or extend, or reuse) the chat dataset of a chat target (a name or path load_model takes) ->
-    {"train": {...}, "heldout": {...}, "meta": dict, "dir"} with the arrays generate_chat_split returns."""
+    {"train": {...}, "heldout": {...}, "meta": dict, "dir"} with the arrays generate_chat_split returns, for the
+    splits asked (a split is rebuilt only when its size changed; its chunks are reused either way)."""
     from specjax.models.model import model_directory
     from train import sharegpt
     target_dir = model_directory(target)
@@ -181,21 +187,72 @@ def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_tr
     sizes = dict(train=num_train, heldout=num_heldout)
     meta_path = os.path.join(out_dir, "meta.json")
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
-    if any(meta.get(f"num_{k}") != v for k, v in sizes.items()):
+    stale = [s for s in ("heldout", "train") if s in splits and meta.get(f"num_{s}") != sizes[s]]
+    if stale:
         model = specjax.load_model(target)
-        train_convs, heldout_convs = sharegpt.split(sharegpt.read_conversations())
-        for split, convs, s in (("heldout", heldout_convs, seed + 1), ("train", train_convs, seed)):
-            prompts = chat_prompts(model, convs, sizes[split], max_prompt_tokens, s)
+        convs = dict(zip(("train", "heldout"), sharegpt.split(sharegpt.read_conversations())))
+        for split in stale:
+            s = seed + (split == "heldout")
+            prompts = chat_prompts(model, convs[split], sizes[split], max_prompt_tokens, s)
             arrays = generate_chat_split(model, prompts, new_tokens, greedy_fraction, batch, s,
                                          os.path.join(out_dir, f"{split}_chunks"), log)
             np.savez(os.path.join(out_dir, f"{split}.npz"), **arrays)
-        meta = dict(settings, num_train=num_train, num_heldout=num_heldout, target=target,
-                    target_dir=os.path.normpath(target_dir), sharegpt=sharegpt.sharegpt_path(),
-                    created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+            meta = dict(meta, **settings, **{f"num_{split}": sizes[split]}, target=target,
+                        target_dir=os.path.normpath(target_dir), sharegpt=sharegpt.sharegpt_path(),
+                        created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+            with open(meta_path, "w") as f:
+                json.dump(meta, f, indent=1)
+    load = lambda split: dict(np.load(os.path.join(out_dir, f"{split}.npz")))
+    return {**{split: load(split) for split in splits}, "meta": meta, "dir": out_dir}
+
+
+def build_answers(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_train: int = 4096,
+                  max_prompt_tokens: int = 384, max_answer_tokens: int = 192, seed: int = 0, log=print) -> dict:
+    """Training rows whose answers are ShareGPT's own (the assistant turn after each first user turn, written by
+    ChatGPT), not the target's: what EAGLE-1 and Medusa-1 trained on. No generation, so as many rows as the
+    training split holds cost only their tokenization; the drafter losses read the target's distribution at each
+    answer position (it runs over these rows), so only the context comes from another writer. Prompts are the
+    first user turns in chat_prompts' order (the same seed draws build_chat's conversation order; first turns the
+    assistant did not answer are skipped), rendered with the target's template; each answer is tokenized as the
+    target would emit it and closed by its end-of-turn token, cut at max_answer_tokens. -> {"train": {"tokens"
+    [N, R] uint16, "prompt_len" [N], "length" [N]}, "meta", "dir"}, cached under data_dir."""
+    from specjax.inputs import render_chat
+    from specjax.models.model import model_directory
+    from train import sharegpt
+    target_dir = model_directory(target)
+    settings = dict(max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, seed=seed,
+                    data="sharegpt-first-answers", v=1)
+    out_dir = os.path.join(data_dir, "answers-" + dataset_key(target_dir, settings))
+    path, meta_path = os.path.join(out_dir, "train.npz"), os.path.join(out_dir, "meta.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    if meta.get("num_train") != num_train:
+        model = specjax.load_model(target)
+        train_convs, _ = sharegpt.split(sharegpt.read_conversations())
+        order = np.random.default_rng(seed).permutation(len(train_convs))
+        eot = model.config.eos_token_id
+        rows, t0 = [], time.time()
+        for chat, answer in sharegpt.first_exchanges([train_convs[i] for i in order]):
+            prompt = model.tokenize(render_chat(model, chat))
+            if len(prompt) > max_prompt_tokens:
+                continue
+            rows.append((prompt, (model.tokenize(answer) + [eot])[:max_answer_tokens]))
+            if len(rows) == num_train:
+                break
+        if len(rows) < num_train:
+            raise ValueError(f"only {len(rows)} ShareGPT first exchanges with a prompt of at most "
+                             f"{max_prompt_tokens} tokens; asked for {num_train}")
+        tokens = np.zeros((num_train, max_prompt_tokens + max_answer_tokens), np.uint16)
+        for i, (p, a) in enumerate(rows):
+            tokens[i, :len(p) + len(a)] = p + a
+        os.makedirs(out_dir, exist_ok=True)
+        np.savez(path, tokens=tokens, prompt_len=np.array([len(p) for p, _ in rows], np.int32),
+                 length=np.array([len(p) + len(a) for p, a in rows], np.int32))
+        meta = dict(settings, num_train=num_train, target=target, target_dir=os.path.normpath(target_dir),
+                    sharegpt=sharegpt.sharegpt_path(), created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
         with open(meta_path, "w") as f:
             json.dump(meta, f, indent=1)
-    load = lambda split: dict(np.load(os.path.join(out_dir, f"{split}.npz")))
-    return {"train": load("train"), "heldout": load("heldout"), "meta": meta, "dir": out_dir}
+        log(f"[self_distill] {out_dir}: {num_train} ShareGPT first exchanges in {time.time() - t0:.0f} s")
+    return {"train": dict(np.load(path)), "meta": meta, "dir": out_dir}
 
 
 def main(argv) -> None:
@@ -255,24 +312,53 @@ def chat_recipe_rows(ds: dict) -> RecipeRows:
     return RecipeRows(0, rows("train", False), rows("heldout", True), int(ds["heldout"]["greedy"].sum()))
 
 
-DATA_SOURCES = ("corpus", "chat")
+DATA_SOURCES = ("corpus", "chat", "sharegpt")
+DATA_HELP = ("training rows: corpus = stdlib windows continued by the target (train.self_distill.build); chat = "
+             "ShareGPT training first turns answered by a chat target (build_chat; each row's labels are its "
+             "answer); sharegpt = the same prompts with ShareGPT's own answers (build_answers: no generation, the "
+             "target's distribution over them is still the label). Held-out rows are the target's own answers "
+             "(chat) for both chat sources")
+
+
+def describe_rows(source: str, meta: dict, num_rows: int) -> tuple[str, str]:
+    """A MANIFEST's words for a recipe's rows (recipe_data's source and build result's meta) -> (what it trained on,
+    what its held-out rows are)."""
+    if source == "sharegpt":
+        return (f"{num_rows:,} ShareGPT first exchanges with ShareGPT's own answers, not the target's "
+                "(train.self_distill.build_answers; prompts: ShareGPT training-split first turns in the target's chat "
+                f"template; answers cut at {meta['max_answer_tokens']} tokens), trained at the answers' positions "
+                "against the target's distribution there", "target answers to held-out ShareGPT first turns")
+    prompts = ("ShareGPT training-split first turns in the target's chat template, answered to the end of turn"
+               if source == "chat" else "prompts from the stdlib training split")
+    return (f"{num_rows:,} continuations the target generated itself (train.self_distill; half greedy, half "
+            f"temperature 1; prompts: {prompts}), trained at target-generated positions only",
+            "answers to held-out ShareGPT first turns" if source == "chat"
+            else "continuations from held-out stdlib prompts")
 
 
 def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print,
                 length_pool: int = 0):
-    """The self-distillation rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches):
-    source "corpus" (build: stdlib windows continued by the target) or "chat" (build_chat: ShareGPT training first
-    turns answered by a chat target; rows carry label spans; length_pool > 0 batches rows of similar length,
-    data.RowBatches)."""
-    if source == "chat":
-        ds = build_chat(target, num_train=num_train, log=log)
+    """The rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches): source "corpus"
+    (build: stdlib windows continued by the target), "chat" (build_chat: ShareGPT training first turns answered by
+    a chat target) or "sharegpt" (build_answers: those prompts with ShareGPT's own answers; held out: build_chat's
+    held-out rows, so every chat source is scored on the target's answers). Chat rows carry label spans;
+    length_pool > 0 batches rows of similar length (data.RowBatches)."""
+    if source in ("chat", "sharegpt"):
+        if source == "chat":
+            ds = build_chat(target, num_train=num_train, log=log)
+        else:
+            answers = build_answers(target, num_train=num_train, log=log)
+            heldout = build_chat(target, log=log, splits=("heldout",))
+            ds = dict(answers, heldout=heldout["heldout"],
+                      meta=dict(answers["meta"], heldout=dict(heldout["meta"], dir=heldout["dir"])))
         rr = chat_recipe_rows(ds)
         return ds, rr, data.RowBatches(rr.rows.tokens, batch_size, seed, rr.rows.first_label, rr.rows.label_end,
                                        length_pool=length_pool)
     if length_pool:
-        raise ValueError("--length_pool groups chat rows by length (--data=chat); corpus rows all have one length")
+        raise ValueError("--length_pool groups chat rows by length (--data=chat or sharegpt); corpus rows all have "
+                         "one length")
     if source != "corpus":
-        raise ValueError(f"unknown self-distillation source {source!r}; expected one of {DATA_SOURCES}")
+        raise ValueError(f"unknown training-row source {source!r}; expected one of {DATA_SOURCES}")
     ds = build(target, num_train=num_train, log=log)
     rr = recipe_rows(ds)
     return ds, rr, data.RowBatches(rr.rows, batch_size, seed)

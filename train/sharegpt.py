@@ -81,3 +81,14 @@ def first_turn_chats(conversations: list[Conversation], n: int, max_chars: int =
         if len(out) == n:
             break
     return out
+
+
+def first_exchanges(conversations: list[Conversation], max_chars: int = 2000):
+    """(the first user turn as a one-message chat, the assistant's answer to it) of each conversation whose first
+    user turn is answered by the assistant next, in order; turns longer than max_chars (the user's) skipped, as in
+    first_turn_chats. A generator: callers stop when they have enough."""
+    for c in conversations:
+        i = next(j for j, m in enumerate(c.messages) if m["role"] == "user")
+        if i + 1 < len(c.messages) and c.messages[i + 1]["role"] == "assistant" \
+                and len(c.messages[i]["content"]) <= max_chars:
+            yield [{"role": "user", "content": c.messages[i]["content"]}], c.messages[i + 1]["content"].strip()

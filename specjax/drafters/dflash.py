@@ -51,7 +51,7 @@ from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.models.llama import apply_rope, rms_norm
 from specjax.sampling import SamplingParams
-from specjax.trees import TreeSpec
+from specjax.trees import TreeSpec, draft_depth
 
 KIND = "dflash"
 
@@ -206,7 +206,7 @@ class DFlashDrafter:
     @property
     def block_drafts(self) -> int:
         """Block positions after the anchor that one propose fills: a chain's k, a tree's depth."""
-        return self.tree.max_depth if self.tree is not None else self.num_steps or self.k
+        return draft_depth(self.tree, self.num_steps, self.k)
 
     def _write(self, params, cache: KVCache, layer_hidden, starts: jax.Array) -> KVCache:
         """Context keys/values of the features layer_hidden (each [B, T, H_t]) at positions starts + 0..T-1."""

@@ -45,7 +45,7 @@ from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec
 from specjax.models import llama
 from specjax.sampling import SamplingParams
-from specjax.trees import TreeSpec, choices_from_accuracies
+from specjax.trees import TreeSpec, choices_from_accuracies, draft_depth
 
 KIND = "medusa"
 LAYOUTS = ("per_head", "shared", "target_head")
@@ -136,7 +136,7 @@ class MedusaDrafter:
         else:
             logits = head_logits(params, hidden)                                # [B, K, V]
         if self.tree is not None or self.num_steps:       # head d's distribution for every depth-(d + 1) node
-            depth = self.tree.max_depth if self.tree is not None else self.num_steps
+            depth = draft_depth(self.tree, self.num_steps, self.k)
             return block_draft(logits[:, :depth], ctx, keys, sp, self.tree, self.num_steps, self.topk,
                                self.k + 1), hidden
         tokens, probs, confidence = pick_tokens(logits[:, :self.k], keys, sp)  # [B, k]: one draw per head
@@ -266,7 +266,7 @@ def _build(req: BuildRequest):
                          f"{heads.vocab_size}, the target has {req.target.config.hidden_size} / "
                          f"{req.target.config.vocab_size}")
     steps, topk = (cfg.num_steps or 0), (cfg.topk or 0)
-    depth = cfg.tree.max_depth if cfg.tree is not None else steps or cfg.k
+    depth = cfg.draft_depth
     if depth > heads.num_heads:
         what = (f"the tree is {depth} deep" if cfg.tree is not None else
                 f"the dynamic tree searches {depth} depths" if steps else f"k={depth}")

@@ -47,7 +47,7 @@ from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import fit_spec, leaf_spec
 from specjax.models.llama import attention
 from specjax.sampling import SamplingParams
-from specjax.trees import TreeSpec, mask_from_parents
+from specjax.trees import TreeSpec, draft_depth, mask_from_parents
 
 
 class EagleState(NamedTuple):
@@ -81,7 +81,7 @@ class EagleDrafter:
     @property
     def parallel_depth(self) -> int:
         """P-EAGLE: the depths one propose drafts at once (a chain's k, a tree's depth)."""
-        return self.tree.max_depth if self.tree is not None else self.num_steps or self.k
+        return draft_depth(self.tree, self.num_steps, self.k)
 
     # -- pieces
     def _features(self, params, target_out) -> jax.Array:

@@ -1,0 +1,98 @@
+"""Training rows with ShareGPT's own answers (self_distill.build_answers, recipe source "sharegpt"): each row is the
+target's rendering of the first user turn, then the dataset's answer as the target would emit it, closed by its
+end-of-turn token and cut; the held-out rows stay the target's own answers."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax.inputs import render_chat
+from train import data, self_distill, sharegpt
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _conversations(n=60):
+    convs = []
+    for i in range(n):
+        if i % 7 == 3:          # no answer after the first user turn: skipped
+            turns = ({"role": "user", "content": f"q{i}"}, {"role": "user", "content": "again"})
+        elif i % 7 == 5:        # a prompt too long for max_prompt_tokens: skipped
+            turns = ({"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"})
+        else:
+            turns = ({"role": "system", "content": "sys"}, {"role": "user", "content": f"question {i}?"},
+                     {"role": "assistant", "content": f"  answer {i} " + "more words here " * (i % 3 * 4) + "\n"})
+        convs.append(sharegpt.Conversation(f"conv{i}", turns))
+    return convs
+
+
+@pytest.fixture
+def toy_chat(monkeypatch):
+    model = dataclasses.replace(specjax.load_model("stdlib-target"), chat_template=CHATML)
+    convs = _conversations()
+    monkeypatch.setattr(specjax, "load_model", lambda name: model)
+    monkeypatch.setattr("specjax.models.model.model_directory", lambda name: "checkpoints/stdlib-target")
+    monkeypatch.setattr(sharegpt, "read_conversations", lambda path=None: convs)
+    monkeypatch.setattr(sharegpt, "sharegpt_path", lambda: "sharegpt.json")
+    return model, convs
+
+
+def test_first_exchanges_pair_the_first_user_turn_with_its_answer():
+    got = list(sharegpt.first_exchanges(_conversations(8)))
+    assert [c[0]["content"] for c, _ in got][:3] == [f"question {i}?" for i in (0, 1, 2)] and len(got) == 7
+    assert got[1][1] == "answer 1 " + "more words here " * 3 + "more words here"        # stripped
+
+
+def test_rows_are_prompt_then_the_datasets_answer_cut(toy_chat, tmp_path):
+    model, convs = toy_chat
+    train, held = sharegpt.split(convs)
+    r = self_distill.build_answers("toy", data_dir=str(tmp_path), num_train=10, max_prompt_tokens=120,
+                                   max_answer_tokens=12, seed=3)
+    t = r["train"]
+    order = np.random.default_rng(3).permutation(len(train))
+    want = [(c, a) for c, a in sharegpt.first_exchanges([train[i] for i in order])
+            if len(model.tokenize(render_chat(model, c))) <= 120][:10]
+    eot = model.config.eos_token_id
+    for i, (chat, answer) in enumerate(want):
+        prompt = model.tokenize(render_chat(model, chat))
+        body = (model.tokenize(answer) + [eot])[:12]
+        assert t["prompt_len"][i] == len(prompt) and t["length"][i] == len(prompt) + len(body)
+        assert t["tokens"][i, :t["length"][i]].tolist() == prompt + body and not t["tokens"][i, t["length"][i]:].any()
+    assert any(t["tokens"][i, t["length"][i] - 1] == eot for i in range(10))           # short answers end their turn
+    assert any(t["tokens"][i, t["length"][i] - 1] != eot for i in range(10))           # long ones are cut
+    assert not {c[0]["content"] for c, _ in want} & {m["content"] for c in held for m in c.messages}
+    # cached: a second call reads the file (no model, no dataset)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(specjax, "load_model", lambda name: pytest.fail("rebuilt a cached set"))
+        again = self_distill.build_answers("toy", data_dir=str(tmp_path), num_train=10, max_prompt_tokens=120,
+                                           max_answer_tokens=12, seed=3)
+    assert np.array_equal(again["train"]["tokens"], t["tokens"])
+    with pytest.raises(ValueError, match="only .* ShareGPT first exchanges"):
+        self_distill.build_answers("toy", data_dir=str(tmp_path), num_train=1000, max_prompt_tokens=120)
+
+
+def test_recipe_source_trains_on_answers_and_holds_out_the_targets_own(toy_chat, tmp_path, monkeypatch):
+    heldout = {"tokens": np.arange(2 * 30, dtype=np.uint16).reshape(2, 30), "prompt_len": np.array([5, 6], np.int32),
+               "length": np.array([20, 25], np.int32), "greedy": np.array([False, True])}
+    calls = []
+
+    def fake_chat(target, log=print, splits=("train", "heldout"), **kw):
+        calls.append(splits)
+        return {"heldout": heldout, "meta": {"num_heldout": 2}, "dir": "chat-x"}
+
+    real = self_distill.build_answers
+    monkeypatch.setattr(self_distill, "build_chat", fake_chat)
+    monkeypatch.setattr(self_distill, "build_answers",
+                        lambda target, num_train, log=print: real(target, str(tmp_path), num_train, 120, 12))
+    ds, rr, batches = self_distill.recipe_data("toy", "sharegpt", 6, 2, 0, length_pool=2)
+    assert calls == [("heldout",)]                                   # never generates training answers
+    assert rr.n_greedy == 1 and rr.heldout.first_label.tolist() == [6, 5]            # greedy held-out rows first
+    assert np.array_equal(rr.rows.first_label, ds["train"]["prompt_len"])
+    assert np.array_equal(rr.rows.label_end, ds["train"]["length"])
+    assert ds["meta"]["data"] == "sharegpt-first-answers" and ds["meta"]["heldout"]["dir"] == "chat-x"
+    b = batches.batch(0)
+    assert isinstance(b, data.LabeledRows) and len(b.tokens) == 2
+    trained_on, held = self_distill.describe_rows("sharegpt", ds["meta"], 6)
+    assert "ShareGPT's own answers" in trained_on and "cut at 12 tokens" in trained_on and "target answers" in held
