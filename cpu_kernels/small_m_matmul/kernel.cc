@@ -38,8 +38,8 @@ constexpr int kMaxAccumulators = 24;
 #else
 constexpr int kMaxAccumulators = 12;
 #endif
-#if defined(__AVX512F__) && (defined(__clang__) || __GNUC__ >= 12)
-#define SPECJAX_SHUFFLE_SUMS 1                 // 16 sums at a time by __builtin_shufflevector
+#if (defined(__AVX512F__) || defined(__AVX2__)) && (defined(__clang__) || __GNUC__ >= 12)
+#define SPECJAX_SHUFFLE_SUMS 1                 // kLanes sums at a time by __builtin_shufflevector
 #else
 #define SPECJAX_SHUFFLE_SUMS 0
 #endif
@@ -56,8 +56,14 @@ using namespace specjax_cpu;
 // M = 9-16, 1.2-1.4x M = 5's time -> 1.03-1.2x). One row block (M <= 6) gains the same way: prefetching 16 rows
 // ahead into L1 instead left 1536 x 576 at M = 3-6 at 1.2-1.45x M = 1's time, chunks at 0.95-1.0x (and 576 x 576
 // at 1.05-1.2x against 1.1-1.4x; cpu_kernels.bench.bench_small_m_matmul, both builds alternating).
+// Without AVX-512 (16 vector registers of 8 floats: 12 accumulators) a strip of 4 vectors holds 3 rows, and more
+// rows took two or more row blocks per chunk, the second reading it from L1: on a 2-core AVX2 CPU (Zen 3) the MLP's
+// 1536 x 576 ran 1.5-1.6x M = 1's time at M = 5 with 3 + 2 row blocks, 0.8-1.1x with one strip of 2 vectors x 5
+// rows (one 64-byte line of each w row per strip); 1 vector x 12 rows measured the same as 2 x 6 at M = 9.
 constexpr int kStripVectors = 4;
 constexpr int kRowBlock = kMaxAccumulators / kStripVectors;
+constexpr int kTallStripVectors = kMaxAccumulators >= 24 ? kStripVectors : 2;   // more than kRowBlock rows
+constexpr int kTallRowBlock = kMaxAccumulators / kTallStripVectors;
 constexpr int64_t kChunk = 64;
 
 // Rows [0, MB) of y, columns [n0, n0 + NV * 16), over k in [k0, k1): from zero when fresh, else from y. The step
@@ -87,13 +93,19 @@ void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, in
 using NnFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, bool,
                      int64_t);
 
+template <int NV, int MB>
+constexpr NnFn nn_entry() {
+  if constexpr (NV * MB <= kMaxAccumulators) return &nn_block<MB, NV>;
+  else return nullptr;
+}
 template <int NV, int... MB>
 constexpr std::array<NnFn, sizeof...(MB)> nn_table(std::integer_sequence<int, MB...>) {
-  return {&nn_block<MB + 1, NV>...};
+  return {nn_entry<NV, MB + 1>()...};
 }
 template <int... NV>
-constexpr std::array<std::array<NnFn, kRowBlock>, sizeof...(NV)> nn_tables(std::integer_sequence<int, NV...>) {
-  return {nn_table<NV + 1>(std::make_integer_sequence<int, kRowBlock>{})...};
+constexpr std::array<std::array<NnFn, kTallRowBlock>, sizeof...(NV)> nn_tables(
+    std::integer_sequence<int, NV...>) {
+  return {nn_table<NV + 1>(std::make_integer_sequence<int, kTallRowBlock>{})...};
 }
 const auto kNn = nn_tables(std::make_integer_sequence<int, kStripVectors>{});   // [vectors - 1][rows - 1]
 
@@ -107,14 +119,15 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
       for (int64_t v = v0; v < v1; ++v) store(y + m * N + v * kLanes, vec{});
     return;
   }
-  for (int64_t v = v0; v < v1; v += kStripVectors) {
-    const int nv = static_cast<int>(std::min<int64_t>(kStripVectors, v1 - v));
+  const int strip = M <= kRowBlock ? kStripVectors : kTallStripVectors;
+  const int64_t row_block = strip == kStripVectors ? kRowBlock : kTallRowBlock;
+  for (int64_t v = v0; v < v1; v += strip) {
+    const int nv = static_cast<int>(std::min<int64_t>(strip, v1 - v));
     for (int64_t k0 = ka; k0 < kb; k0 += kChunk) {
       // the next chunk of this strip, else the next strip's first (else nothing)
-      const int64_t ahead =
-          k0 + kChunk < kb ? kChunk * N : (v + kStripVectors < v1 ? kStripVectors * kLanes - (k0 - ka) * N : 0);
-      for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, M - m0));
+      const int64_t ahead = k0 + kChunk < kb ? kChunk * N : (v + strip < v1 ? strip * kLanes - (k0 - ka) * N : 0);
+      for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+        const int mb = static_cast<int>(std::min<int64_t>(row_block, M - m0));
         kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + kChunk),
                             fresh && k0 == ka, ahead);
       }
@@ -131,7 +144,13 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
 // strips prefetch their next chunk into L2 they beat row-major from 3 rows on at every width on this project's
 // 2-core AVX-512 CPU, SmolLM2-135M's widest products included (cpu_kernels.bench.bench_small_m_matmul, the two
 // builds alternating; the results page's forward-cost tables); up to kRowMajorRows rows go row-major.
+// Without AVX-512 the strips read one line of each w row per strip (above), so where a row of w spans a 4 KiB page
+// or more every line a strip reads is on a new page; there row-major took up to kRowMajorRowsWide rows: on the
+// 2-core AVX2 CPU 576 x 3072 at M = 3-5 1.8x M = 1's time -> 1.2-1.3x, 576 x 1536 at M = 3-5 1.4-1.9x -> 1.0-1.2x,
+// while 576 x 576 and 1536 x 576 were faster in strips (M = 5: 0.09 against 0.10 ms, 0.15 against 0.20).
 constexpr int64_t kRowMajorRows = 2;
+constexpr int64_t kRowMajorRowsWide = kMaxAccumulators >= 24 ? kRowMajorRows : 6;
+constexpr int64_t kWideRowFloats = 1024;            // a w row of 4 KiB
 constexpr int64_t kRowMajorFloats = 24576;          // at most this many partial sums per part (96 KiB)
 constexpr int64_t kRowMajorAhead = 512;             // floats ahead on each of the 4 rows read
 
@@ -180,7 +199,7 @@ template <int... MB>
 constexpr std::array<NnRowsFn, sizeof...(MB)> nn_rows_table(std::integer_sequence<int, MB...>) {
   return {&nn_rows<MB + 1>...};
 }
-const auto kNnRows = nn_rows_table(std::make_integer_sequence<int, kRowMajorRows>{});   // [rows - 1]
+const auto kNnRows = nn_rows_table(std::make_integer_sequence<int, kRowMajorRowsWide>{});   // [rows - 1]
 
 // "nt" (w [N, K], e.g. a tied LM head): w row n is output column n, K contiguous. A block is up to 6 rows x 4
 // output columns (with AVX-512). A larger M takes the columns in groups of kNtGroup (w's rows for them: 72 KiB at
@@ -192,28 +211,46 @@ constexpr int kNtRows = kMaxAccumulators / kNtColumns;
 // One or two rows of x (a decode step's LM head) take blocks of twice the columns: 8 of w's rows streamed at once
 // where 4 left the GEMV ~25% under XLA's matrix-vector path on a 2-core AVX-512 VM (14.8 GB/s on one thread). A
 // result is its own FMA chain over k and its fixed horizontal sum whatever the block, so the bits do not change.
-constexpr int kNtWideColumns = kMaxAccumulators >= 24 ? 8 : kNtColumns;
-constexpr int kNtWideRows = kMaxAccumulators >= 24 ? 2 : 0;
+// Without AVX-512 only one row fits 8 columns of accumulators (M = 1 ~4.2 -> 3.4-4.0 ms on a 2-core AVX2 CPU, XLA's
+// matrix-vector path 3.3-3.9 ms in the same runs).
+constexpr int kNtWideColumns = 8;
+constexpr int kNtWideRows = kMaxAccumulators >= 24 ? 2 : 1;
 constexpr int64_t kNtGroup = 32;
 constexpr int64_t kNtPrefetchRows = 8;
 // 7-12 rows (a verify pass of 6-11 drafts) take one block of all the rows x 2 columns: w streams from memory once,
 // its rows prefetched as the 1-6 row blocks' are. The groups (two row blocks per group, the second reading w from
 // L2) were a quarter slower on a tied LM head at 7-12 rows (cpu_kernels.bench.bench_small_m_matmul, the two builds
 // alternating; the results page's forward-cost tables). More rows than that take the groups, and so do Q8_0 blocks:
-// their pass is bound by the dequantization, not the stream, and measured the same either way.
-constexpr int kNtTallColumns = 2;
-constexpr int kNtTallRows = kMaxAccumulators >= 24 ? kMaxAccumulators / kNtTallColumns : 0;
+// their pass is bound by the dequantization, not the stream, and measured the same either way. Without AVX-512 a
+// tall block is all the rows x as many columns as 12 accumulators allow (4-6 rows x 2, 7-12 rows x 1): on a 2-core
+// AVX2 CPU the head at M = 5 went 1.46x -> 1.04-1.1x M = 1's time, M = 9 2.3x -> 1.3x (3-row blocks over groups).
+constexpr int kNtTallRows = 12;
+constexpr int nt_tall_columns(int rows) { return kMaxAccumulators >= 24 ? 2 : std::max(1, kMaxAccumulators / rows); }
 
-// Dot products waiting for their horizontal sum: 16 at a time are summed together by a shuffle tree whose every
-// lane adds in exactly hsum's order (lanes i and i + 8, then i + 4, i + 2, i + 1), the rest one by one by hsum, so a
-// result does not depend on which others it was grouped with.
+// Dot products waiting for their horizontal sum: kLanes at a time are summed together by a shuffle tree whose every
+// lane adds in exactly hsum's order (lanes i and i + 8 with AVX-512, then i + 4, i + 2, i + 1), the rest one by one
+// by hsum, so a result does not depend on which others it was grouped with.
 struct PendingSums {
   vec acc[kLanes];
   float* out[kLanes];
   int n = 0;
 };
 
-#if SPECJAX_SHUFFLE_SUMS
+#if SPECJAX_SHUFFLE_SUMS && !defined(__AVX512F__)
+inline vec sum_pairs(vec a, vec b, int level) {     // 8 lanes
+  switch (level) {
+    case 4:
+      return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
+             __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+    case 2:
+      return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13) +
+             __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
+    default:
+      return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14) +
+             __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+  }
+}
+#elif SPECJAX_SHUFFLE_SUMS
 inline vec sum_pairs(vec a, vec b, int level) {
   switch (level) {
     case 8:
@@ -351,7 +388,7 @@ const auto kNtWide = nt_wide_table<Rows>(std::make_integer_sequence<int, kNtWide
 
 template <class Rows, int... MB>
 constexpr std::array<NtFn<Rows>, sizeof...(MB)> nt_tall_table(std::integer_sequence<int, MB...>) {
-  return {&nt_range<kNtRows + MB + 1, kNtTallColumns, Rows>...};
+  return {&nt_range<kNtRows + MB + 1, nt_tall_columns(kNtRows + MB + 1), Rows>...};
 }
 template <class Rows>
 const auto kNtTall =
@@ -391,7 +428,8 @@ void nn_halves(ffi::ThreadPool& pool, int64_t M, int64_t K, int64_t N, float* y,
   thread_local std::vector<float> scratch;
   if (scratch.size() < static_cast<size_t>(M * N)) scratch.resize(M * N);
   float* sp = scratch.data();
-  const bool row_major = M <= kRowMajorRows && M * (N / ranges) <= kRowMajorFloats;
+  const bool row_major = M <= (N >= kWideRowFloats ? kRowMajorRowsWide : kRowMajorRows) &&
+                         M * (N / ranges) <= kRowMajorFloats;
   run_parts(pool, parts, static_cast<int>(2 * ranges), [=](int p) {
     const int64_t h = p / ranges, r = p % ranges;
     const int64_t c0 = units * r / ranges * granule, c1 = units * (r + 1) / ranges * granule;

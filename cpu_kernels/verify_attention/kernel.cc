@@ -54,7 +54,8 @@ inline vec exp_nonpositive(vec x) {
 // outputs each load of values. Units are spread over XLA's intra-op threads; a row's operations do not depend on
 // which unit or thread computes it.
 constexpr int kRows = 6;
-constexpr int kChunkVectors = 4;               // output columns (d) per pass: kRows x 4 accumulators
+// output columns (d) per pass: kRows x 4 accumulators of 32 registers with AVX-512, kRows x 2 of 16 elsewhere
+constexpr int kChunkVectors = kLanes == 16 ? 4 : 2;
 
 struct Problem {
   const float* q;                // [B, T, Hq, D]
@@ -108,6 +109,18 @@ void score_rows(const float* q, int64_t D, const float* k, int64_t S, int64_t c0
       for (int r = 0; r < RB; ++r) a[r] = fmadd(splat<vec>(q[r * D + d]), k0, a[r]);
     }
     for (int r = 0; r < RB; ++r) _mm512_mask_storeu_ps(sc + r * S + c, lanes, (__m512)a[r]);
+    return;
+  }
+#elif defined(__AVX2__)
+  if (c < c1) {                        // as above, the lanes' mask a vector of all-ones words
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(c1 - c)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    vec a[RB] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const vec k0 = (vec)_mm256_maskload_ps(k + d * S + c, lanes);
+      for (int r = 0; r < RB; ++r) a[r] = fmadd(splat<vec>(q[r * D + d]), k0, a[r]);
+    }
+    for (int r = 0; r < RB; ++r) _mm256_maskstore_ps(sc + r * S + c, lanes, (__m256)a[r]);
     return;
   }
 #endif
