@@ -120,7 +120,7 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
     return;
   }
   const int strip = M <= kRowBlock ? kStripVectors : kTallStripVectors;
-  const int64_t row_block = strip == kStripVectors ? kRowBlock : kTallRowBlock;
+  const int64_t row_block = kMaxAccumulators / strip;
   for (int64_t v = v0; v < v1; v += strip) {
     const int nv = static_cast<int>(std::min<int64_t>(strip, v1 - v));
     for (int64_t k0 = ka; k0 < kb; k0 += kChunk) {
