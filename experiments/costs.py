@@ -27,7 +27,7 @@ from jax import lax
 from specjax import api
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
-from specjax.decode import shares_target_cache, target_exposure
+from specjax.decode import PROGRAM_PARTS, shares_target_cache, target_exposure
 from specjax.drafters.base import Context, Verified
 from specjax.models.llama import forward
 
@@ -443,6 +443,58 @@ def hlo_signatures(hlo_text: str) -> dict[str, str]:
     return signatures
 
 
+LOOP_CONTROL = "loop"
+
+
+def hlo_parts(hlo_text: str) -> dict[str, str]:
+    """{HLO instruction name: the decode program's part it belongs to} from a compiled program's text: the first of
+    specjax.decode.PROGRAM_PARTS among the named scopes of its op_name (prefill, propose, target_forward, ...). One
+    with none (XLA drops the op_name of what its passes create, e.g. the first stages of a long reduction) takes
+    the part that every user of its result has, else the part of the instruction calling its computation (a
+    drafter's own inner loop is the proposal's), else LOOP_CONTROL (the loop's conditions, keys and carry copies,
+    and the little outside the loop that is neither the prefill nor the drafter's init)."""
+    parts = set(PROGRAM_PARTS)
+    own, computation_of, caller_of, users = {}, {}, {}, collections.defaultdict(set)
+    computation = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.-]+) .*\{$", line)
+        if head:
+            computation = head.group(1)
+            continue
+        m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = (.*)", line)
+        if not m or computation is None:
+            continue
+        name, rest = m.groups()
+        op = re.search(r'op_name="([^"]*)"', rest)
+        found = [seg for seg in (op.group(1).split("/") if op else ()) if seg in parts]
+        own[name], computation_of[name] = (found[0] if found else None), computation
+        branches = re.search(r"branch_computations=\{([^}]*)\}", rest)
+        callees = re.findall(r"(?:body|condition|calls|to_apply)=%([\w.-]+)", rest)
+        callees += re.findall(r"%([\w.-]+)", branches.group(1)) if branches else []
+        for callee in callees:
+            caller_of[callee] = name
+        for operand in set(re.findall(r"%([\w.-]+)", rest)) - set(callees):
+            users[operand].add(name)
+    changed = True
+    while changed:                     # through chains of unnamed instructions, users first
+        changed = False
+        for name, part in own.items():
+            if part is None and users[name]:
+                theirs = {own.get(user) for user in users[name]}
+                if len(theirs) == 1 and None not in theirs:
+                    own[name], changed = theirs.pop(), True
+    resolved = {}
+
+    def part_of(name: str, depth: int = 0) -> str:
+        if name not in resolved:
+            part, computation = own[name], computation_of[name]
+            if part is None and computation in caller_of and depth < 64:
+                part = part_of(caller_of[computation], depth + 1)
+            resolved[name] = part or LOOP_CONTROL
+        return resolved[name]
+    return {name: part_of(name) for name in own}
+
+
 def thunk_profile(call: Callable[[], Any], calls: int = 1,
                   names: Mapping[str, str] | None = None) -> dict[str, tuple[float, float]]:
     """call() `calls` times under jax.profiler (warm it up first: compilation is not what this is for) ->
@@ -464,7 +516,8 @@ def thunk_profile(call: Callable[[], Any], calls: int = 1,
                     continue
                 for ev in line.events:
                     # containers (the executor, the loop) and waits: their time is their contents'
-                    if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while")):
+                    if ev.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool", "while",
+                                           "ThreadpoolListener")):
                         continue
                     kind = (names or {}).get(ev.name) or _kind(ev.name)
                     ns[kind] += ev.duration_ns

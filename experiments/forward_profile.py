@@ -28,6 +28,13 @@ that runs on two threads at once counts twice: `thread ms` is CPU time per forwa
 grow with T are where a verify pass loses to a one-position step; the matmul kinds against the weight bytes give
 the bandwidth each reaches (`GB/s`: weight bytes / the kind's thread time, for the matmul kinds).
 
+Compute floor (--roofline, the default): the machine's float32 peak as XLA reaches it (a 1024-cubed matmul,
+costs.machine_roofline) against each forward's FLOPs (costs.roofline_inputs: 2 per weight and token, plus attention
+over the context): `gflop_s` is the rate a row reached, `compute_floor_vs_one` the T-position forward's FLOPs at the
+peak over the measured T = 1 time. Where weights stream from memory (SmolLM2-135M) the floor stays near 1; where
+they sit in cache (the toy's 17 MB) a T = 1 step is fast and T positions are compute-bound, so the floor is what a
+verify-cost goal has to be set against on that machine.
+
 Rows are written with experiments.tables.write_table under --out (default runs/forward_profile).
 """
 from __future__ import annotations
@@ -67,6 +74,9 @@ flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; 
                      "machine's slow phases hit every cell alike)")
 flags.DEFINE_list("implementation", ["xla"], "attention paths, measured side by side: xla, pallas")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the weights' (and KV cache's) dtype")
+flags.DEFINE_bool("roofline", True, "also measure this machine's float32 matmul peak (costs.machine_roofline) and give "
+                  "each row the FLOP rate it reached and its compute floor: the T-position forward's FLOPs at that peak "
+                  "over the measured T = 1 time, the least vs_one this machine allows unless T = 1 itself got slower")
 flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
 
 # Architectures for `random:<shape>` targets (tied embeddings as in the published models).
@@ -134,6 +144,9 @@ def main(argv):
         unknown = set(FLAGS[flag].value) - set(PATHS)
         if unknown:                                      # before any measurement
             raise app.UsageError(f"unknown --{flag} paths {sorted(unknown)}: choose from {list(PATHS)}")
+    peak_flops = costs.machine_roofline()[0] if FLAGS.roofline else None
+    if peak_flops:
+        print(f"float32 matmul peak (XLA, 1024^3): {peak_flops / 1e9:.1f} GFLOP/s")
     for name in FLAGS.targets:
         models = {}                  # every format of this target, measured side by side (for each T, in turn)
         for weights in FLAGS.weight_format:
@@ -159,6 +172,9 @@ def main(argv):
             row = dict(target=name, weight_format=weights, matmul=path, layer_ops=ops, implementation=impl,
                        dtype=FLAGS.dtype, batch=FLAGS.batch, context=FLAGS.context,
                        positions=T, ms=sec * 1e3, vs_one=sec / one, weight_GB_s=weight_bytes[weights] / sec / 1e9)
+            if peak_flops:
+                flops = T * FLAGS.batch * costs.roofline_inputs(model, FLAGS.context)["flops_per_token"]
+                row.update(gflop_s=flops / sec / 1e9, compute_floor_vs_one=max(one, flops / peak_flops) / one)
             if FLAGS.breakdown:
                 with kernel_paths(path, ops):
                     kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
@@ -172,7 +188,9 @@ def main(argv):
                                 "; ".join(f"{k} {ms:.2f} ms x{c:.0f}" for k, (ms, c) in top)])
             rows.append(row)
             print(f"{label} matmul {path} layer ops {ops} T={T}: {sec * 1e3:.2f} ms, {sec / one:.2f}x T={positions[0]}"
-                  + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else ""), flush=True)
+                  + (f", matmuls {row['matmul_thread_ms']:.2f} thread ms" if FLAGS.breakdown else "")
+                  + (f", {row['gflop_s']:.1f} GFLOP/s, compute floor {row['compute_floor_vs_one']:.2f}x"
+                     if peak_flops else ""), flush=True)
     header = ["target", "matmul", "layer ops", "T", "ms", "vs T=1", "operation kinds (thread ms per forward x executions)"]
     if summary:
         print(text_table(header, summary))
@@ -180,7 +198,7 @@ def main(argv):
                                   "inner": INNER, "matmul": FLAGS.matmul, "layer_ops": FLAGS.layer_ops,
                                   "implementation": FLAGS.implementation, "dtype": FLAGS.dtype,
                                   "devices": str(jax.devices()),
-                                  "rounds": FLAGS.rounds,
+                                  "rounds": FLAGS.rounds, "peak_gflop_s": peak_flops and peak_flops / 1e9,
                                   "weight_format": FLAGS.weight_format})
 
 

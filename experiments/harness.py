@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import specjax
-from specjax import analysis, api, metrics
+from specjax import analysis, api, decode, metrics
 from specjax.config import SpecConfig
 from specjax.drafters import registry
 from specjax.drafters.medusa import accuracy_tree
@@ -107,23 +107,27 @@ def loop_profile(target, ids: list[list[int]], config: SpecConfig, drafter: Any 
     warm-up under jax.profiler (costs.thunk_profile), less the same calls generating one token (the prefill and
     the drafter's init, no loop iteration) -> {"iterations": loop iterations per call, "thread_ms": CPU ms per
     iteration, "copy_thread_ms": the `copy` kinds' part of it, "ops": the `top` kinds by time, {kind: {"thread_ms",
-    "per_iteration"}} per iteration}. by: "kind" (the operation's HLO name less its number) or "signature" (its
-    kernel or opcode and result shape: costs.hlo_signatures of the compiled loop)."""
-    if by not in ("kind", "signature"):
-        raise ValueError(f"loop_profile by={by!r}: 'kind' or 'signature'")
+    "per_iteration"}} per iteration}. by: "kind" (the operation's HLO name less its number), "signature" (its
+    kernel or opcode and result shape: costs.hlo_signatures of the compiled loop) or "part" (the step's part it
+    belongs to: costs.hlo_parts; the parts' times add up to the iteration's)."""
+    groupings = {"kind": None, "signature": costs.hlo_signatures, "part": costs.hlo_parts}
+    if by not in groupings:
+        raise ValueError(f"loop_profile by={by!r}: one of {sorted(groupings)}")
 
     def profile(cfg):
         prepared = api.prepare(target, ids, cfg, drafter=drafter, pad_to=max(map(len, ids)))
         result = api.run(prepared)
-        names = costs.hlo_signatures(api.compiled_text(prepared)) if by == "signature" else None
+        names = groupings[by](api.compiled_text(prepared)) if groupings[by] else None
         return result, costs.thunk_profile(lambda: api.run(prepared), calls, names)
     result, kinds = profile(config)
     _, before_loop = profile(dataclasses.replace(config, max_new_tokens=1))
     trace = result.stats.get("accept_trace")
     iterations = result.stats["target_passes"] if len(ids) == 1 or trace is None else int(np.shape(trace)[1])
     n = calls * iterations
+    before_the_loop = (decode.PREFILL, decode.DRAFTER_INIT) if by == "part" else ()   # whole in the one-token call
     per_iteration = {kind: ((ms - before_loop.get(kind, (0.0, 0.0))[0]) / n,
-                            (c - before_loop.get(kind, (0.0, 0.0))[1]) / n) for kind, (ms, c) in kinds.items()}
+                            (c - before_loop.get(kind, (0.0, 0.0))[1]) / n) for kind, (ms, c) in kinds.items()
+                     if kind not in before_the_loop}
     ranked = sorted(per_iteration.items(), key=lambda kv: -kv[1][0])
     return dict(iterations=iterations, thread_ms=sum(ms for ms, _ in per_iteration.values()),
                 copy_thread_ms=sum(ms for kind, (ms, _) in per_iteration.items() if kind.startswith("copy")),

@@ -47,8 +47,9 @@ between the run and the cost measurements. A drafter that learns across calls (s
 
 --profile adds where each loop iteration goes: the row's decode loop and its plain baseline run once more under
 jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind (--profile_by=signature:
-by kernel or opcode and result shape), the prefill subtracted; printed under the row and stored in it (`profile`,
-`plain_profile`).
+by kernel or opcode and result shape; --profile_by=part: by the step's part, proposal, target forward, acceptance,
+token and drafter commits, statistics and the loop's own control, which add up to the iteration), the prefill
+subtracted; printed under the row and stored in it (`profile`, `plain_profile`).
 
 Every row is written with experiments.tables.write_table (CSV + JSON, the command line, revision and date in its
 meta) under --out, default runs/speedup/speedup (batch 1) or runs/speedup/batch_scaling (--batch_sizes), with
@@ -119,8 +120,10 @@ flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (t
                   "the two timed apart, and the row's decode loop on its first prompt (or batch) timed in the same "
                   "rounds: the loop's step over the step in turn is the engine's own overhead (stored as "
                   "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
-flags.DEFINE_enum("profile_by", "kind", ["kind", "signature"], "--profile's grouping: by operation kind, or by "
-                  "signature (a kernel's or opcode's name and result shape, one key per kernel at one shape)")
+flags.DEFINE_enum("profile_by", "kind", ["kind", "signature", "part"], "--profile's grouping: by operation kind, "
+                  "by signature (a kernel's or opcode's name and result shape, one key per kernel at one shape), or by "
+                  "the loop step's part (propose, target_forward, accept, commit_tokens, drafter_commit, stats; "
+                  "'loop': the loop's own control)")
 flags.DEFINE_bool("profile", False, "also profile each row's decode loop and its plain baseline by XLA operation "
                   "(experiments.harness.loop_profile: CPU ms per loop iteration by kind, on the row's first prompt or "
                   "its batch), printed and stored in the row as `profile` / `plain_profile`")

@@ -19,7 +19,8 @@ as node 0 of its T = k + 1 nodes, whose accepted root-to-node path is then compa
 
 In the code: `decode_loop` builds the LoopInputs (what no step changes) and the first LoopState (prefill and
 the first token), then loops `speculative_step` (and `plain_step` when nothing was drafted or after a policy
-switch), each a function LoopState -> LoopState.
+switch), each a function LoopState -> LoopState. A step's parts (proposal, target forward, acceptance, commits,
+statistics) run under named scopes (STEP_PARTS), so a profile of the compiled loop can sum its time by part.
 """
 from __future__ import annotations
 
@@ -86,6 +87,18 @@ class LoopInputs(NamedTuple):
     cfg: ModelConfig
     drafter: Drafter
     spec: SpecConfig
+
+
+# The parts of a loop step, as named scopes of the compiled program (an operation's op_name holds its part's
+# name): a profile of the loop sums its operations' time by part (experiments.harness.loop_profile's
+# by="part"); what falls in none of them is the loop's own control (its conditions, keys, the carry's copies).
+# accepted_path: a tree's accepted root-to-node path gathered from the verify output and its KV compacted.
+# Before the loop, the prefill and the drafter's init have scopes of their own.
+PROPOSE, TARGET_FORWARD, ACCEPT, ACCEPTED_PATH, COMMIT_TOKENS, DRAFTER_COMMIT, STATS = (
+    "propose", "target_forward", "accept", "accepted_path", "commit_tokens", "drafter_commit", "stats")
+STEP_PARTS = (PROPOSE, TARGET_FORWARD, ACCEPT, ACCEPTED_PATH, COMMIT_TOKENS, DRAFTER_COMMIT, STATS)
+PREFILL, DRAFTER_INIT = "prefill", "drafter_init"
+PROGRAM_PARTS = (PREFILL, DRAFTER_INIT) + STEP_PARTS
 
 
 def round_up(n: int, m: int) -> int:
@@ -253,23 +266,28 @@ def _verify(run: LoopInputs, ctx: Context, draft: Draft, cache: KVCache | Groupe
     spec = run.spec
     if draft.tree is None:
         verify_in = jnp.concatenate([last_tokens(ctx, 1), draft.tokens], axis=1)       # [B, k+1]
-        out = forward(run.target_params, run.cfg, verify_in, cache, hidden_layers=run.target_layers,
-                      implementation=spec.implementation)
+        with jax.named_scope(TARGET_FORWARD):
+            out = forward(run.target_params, run.cfg, verify_in, cache, hidden_layers=run.target_layers,
+                          implementation=spec.implementation)
         verified = Verified(verify_in, None, out)
-        acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, limit=limit)
-        return Verification(_accepted_then_next(draft.tokens, acc.num_accepted, acc.next_token),
-                            acc.num_accepted, out, verified)
+        with jax.named_scope(ACCEPT):
+            acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, limit=limit)
+            return Verification(_accepted_then_next(draft.tokens, acc.num_accepted, acc.next_token),
+                                acc.num_accepted, out, verified)
     tree = draft.tree
-    out = forward(run.target_params, run.cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
-                  hidden_layers=run.target_layers, implementation=spec.implementation)
+    with jax.named_scope(TARGET_FORWARD):
+        out = forward(run.target_params, run.cfg, tree.tokens, cache, depths=tree.depths, mask=tree.mask,
+                      hidden_layers=run.target_layers, implementation=spec.implementation)
     verified = Verified(tree.tokens, tree.parents, out)
-    acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, tree, limit)
-    idx = jnp.maximum(acc.path, 0)                                                  # [B, D+1], -1 pads -> root
-    drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]                  # [B, D] path minus the root
-    new = _accepted_then_next(drafted, acc.num_accepted, acc.next_token)            # [B, D+1]
-    along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
-    out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
-                     out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
+    with jax.named_scope(ACCEPT):
+        acc = accept(spec, keys, draft.tokens, draft.probs, out.logits, tree, limit)
+    with jax.named_scope(ACCEPTED_PATH):
+        idx = jnp.maximum(acc.path, 0)                                              # [B, D+1], -1 pads -> root
+        drafted = jnp.take_along_axis(tree.tokens, idx, axis=1)[:, 1:]              # [B, D] path minus the root
+        new = _accepted_then_next(drafted, acc.num_accepted, acc.next_token)        # [B, D+1]
+        along = lambda x: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+        out = ForwardOut(along(out.logits), along(out.hidden), tuple(map(along, out.layer_hidden)),
+                         out.cache.compact(cache.lengths[:, None] + idx, cache.lengths))
     return Verification(new, acc.num_accepted, out, verified)
 
 
@@ -295,6 +313,11 @@ def _step_key_pairs(run: LoopInputs, s: LoopState) -> jax.Array:
 def _propose_ahead(run: LoopInputs, s: LoopState) -> LoopState:
     """s with the drafter's proposal for the coming step in `pending` (and its draft state; a drafter sharing the
     target cache drafts over it past the committed entries, which the verify pass then overwrites)."""
+    with jax.named_scope(PROPOSE):
+        return _propose(run, s)
+
+
+def _propose(run: LoopInputs, s: LoopState) -> LoopState:
     ctx, key = _context(run, s), _step_key_pairs(run, s)[:, 0]
     if shares_target_cache(run.drafter):
         draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
@@ -377,15 +400,28 @@ def speculative_step(run: LoopInputs, s: LoopState, width: int | None = None) ->
         # A row that proposed nothing gets what a one-position step gives it (its filler is no draft): the
         # target's token from the first position, with the same key. So its output does not depend on whether
         # a batch mate's proposal made this step wider.
-        proposed = draft.num_drafted > 0
-        n = jnp.where(proposed, n, 0)
-        own = _target_token(v.verified.out.logits[:, 0], keys[:, 1], run.spec)       # [B]
-        new = new.at[:, 0].set(jnp.where(proposed, new[:, 0], own))
+        with jax.named_scope(ACCEPT):
+            proposed = draft.num_drafted > 0
+            n = jnp.where(proposed, n, 0)
+            own = _target_token(v.verified.out.logits[:, 0], keys[:, 1], run.spec)   # [B]
+            new = new.at[:, 0].set(jnp.where(proposed, new[:, 0], own))
         drafting = active & proposed
-    committed, count = _commit_tokens(run, s, new, n)
-    draft_state = run.drafter.commit(run.draft_params, s.draft_state, _context(run, committed), n, v.out,
-                                     v.verified)
+    with jax.named_scope(COMMIT_TOKENS):
+        committed, count = _commit_tokens(run, s, new, n)
+    with jax.named_scope(DRAFTER_COMMIT):
+        draft_state = run.drafter.commit(run.draft_params, s.draft_state, _context(run, committed), n, v.out,
+                                         v.verified)
     cache = v.out.cache.replace(lengths=s.cache.lengths + count)
+    with jax.named_scope(STATS):
+        stats, policy = _step_stats(run, s, width, active, drafting, offered, n)
+    return _propose_ahead(run, committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1,
+                                                  stats=stats, policy=policy))
+
+
+def _step_stats(run: LoopInputs, s: LoopState, width: int, active: jax.Array, drafting: jax.Array,
+                offered: jax.Array, n: jax.Array) -> tuple[DecodeStats, PolicyState | None]:
+    """The statistics and the acceptance policy's window after one speculative step of `width` drafts."""
+    k = run.drafter.k
     a, d = active.astype(jnp.int32), drafting.astype(jnp.int32)
     st = s.stats
     stats = DecodeStats(st.steps + a, st.drafted + d * offered, st.accepted + d * n,
@@ -393,8 +429,7 @@ def speculative_step(run: LoopInputs, s: LoopState, width: int | None = None) ->
                         st.plain_steps + a - d, st.accept_trace.at[:, s.step].set(jnp.where(drafting, n, -1)),
                         st.verify_hist.at[:, width].add(a))
     policy = None if s.policy is None else _update_policy(run, s.policy, drafting, n, offered)
-    return _propose_ahead(run, committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1,
-                                                  stats=stats, policy=policy))
+    return stats, policy
 
 
 def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> LoopState:
@@ -404,19 +439,24 @@ def plain_step(run: LoopInputs, s: LoopState, commit_drafter: bool = False) -> L
     keys = _step_key_pairs(run, s)                                                    # [:, 1] samples
     ctx = _context(run, s)
     tokens = last_tokens(ctx, 1)                                                      # [B, 1]
-    out = forward(run.target_params, run.cfg, tokens, s.cache,
-                  hidden_layers=run.target_layers if commit_drafter else (), implementation=run.spec.implementation)
-    nxt = _target_token(out.logits[:, 0], keys[:, 1], run.spec)                      # [B]
+    with jax.named_scope(TARGET_FORWARD):
+        out = forward(run.target_params, run.cfg, tokens, s.cache, hidden_layers=run.target_layers if commit_drafter
+                      else (), implementation=run.spec.implementation)
+    with jax.named_scope(ACCEPT):
+        nxt = _target_token(out.logits[:, 0], keys[:, 1], run.spec)                  # [B]
     n = jnp.zeros(nxt.shape, jnp.int32)                                               # no drafts accepted
-    committed, count = _commit_tokens(run, s, nxt[:, None], n)
+    with jax.named_scope(COMMIT_TOKENS):
+        committed, count = _commit_tokens(run, s, nxt[:, None], n)
     draft_state = s.draft_state
     if commit_drafter:
-        draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, out,
-                                         Verified(tokens, None, out))
+        with jax.named_scope(DRAFTER_COMMIT):
+            draft_state = run.drafter.commit(run.draft_params, draft_state, _context(run, committed), n, out,
+                                             Verified(tokens, None, out))
     cache = out.cache.replace(lengths=s.cache.lengths + count)
-    a = (~s.done).astype(jnp.int32)
-    stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a,
-                             verify_hist=s.stats.verify_hist.at[:, 0].add(a))
+    with jax.named_scope(STATS):
+        a = (~s.done).astype(jnp.int32)
+        stats = s.stats._replace(steps=s.stats.steps + a, plain_steps=s.stats.plain_steps + a,
+                                 verify_hist=s.stats.verify_hist.at[:, 0].add(a))
     s = committed._replace(cache=cache, draft_state=draft_state, step=s.step + 1, stats=stats)
     return _propose_ahead(run, s) if commit_drafter else s
 
@@ -453,14 +493,16 @@ def _initial_state(run: LoopInputs, prompts: jax.Array, buffer_len: int, groups:
     B, P = prompts.shape
     k, spec = run.drafter.k, run.spec
     max_new = spec.max_new_tokens
-    prefill = prefill_forward(run.target_params, run.cfg, prompts, run.prompt_lengths, groups, buffer_len,
-                              run.target_layers, spec.implementation, order, cache_sizes)
-    first = _target_token(prefill.logits[:, 0], _step_keys(run, 0), spec)              # [B]
+    with jax.named_scope(PREFILL):
+        prefill = prefill_forward(run.target_params, run.cfg, prompts, run.prompt_lengths, groups, buffer_len,
+                                  run.target_layers, spec.implementation, order, cache_sizes)
+        first = _target_token(prefill.logits[:, 0], _step_keys(run, 0), spec)          # [B]
     tokens = jnp.zeros((B, buffer_len), jnp.int32).at[:, :P].set(prompts)             # [B, L]
     tokens = _write_rows(tokens, first[:, None], run.prompt_lengths)
     length = run.prompt_lengths + 1
     ctx = Context(tokens, length, run.prompt_lengths, run.target_weights)
-    draft_state = run.drafter.init(run.draft_params, ctx, prefill, spec.sampling)
+    with jax.named_scope(DRAFTER_INIT):
+        draft_state = run.drafter.init(run.draft_params, ctx, prefill, spec.sampling)
     zeros = jnp.zeros((B,), jnp.int32)
     window = spec.acceptance_rate_window_size
     policy = None if spec.acceptance_rate_threshold is None else PolicyState(

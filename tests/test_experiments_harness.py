@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import SpecConfig, api
+from specjax.decode import PROGRAM_PARTS
 from specjax.models.model import Model
 from experiments import costs, harness, prompts, tables
 from conformance_factories import FACTORIES, Case
@@ -204,6 +205,44 @@ def test_loop_profile_by_signature(target, near_draft):
     assert any(key.startswith("specjax_") for key in spec["ops"])          # the CPU kernels, by their target
     with pytest.raises(ValueError, match="signature"):
         harness.loop_profile(target, ids, config, near_draft, by="shape")
+
+
+def test_hlo_parts_follow_the_named_scopes_into_called_computations():
+    """An instruction's part is the first step part among its op_name's scopes; one without takes its users' part,
+    else the part of the instruction calling its computation (a drafter's inner loop and its copies), else the
+    loop's control."""
+    hlo = """HloModule m
+%inner (p: s32[]) -> s32[] {
+  %p = s32[] parameter(0)
+  %copy.1 = s32[] copy(%p)
+  ROOT %add.1 = s32[] add(%copy.1, %copy.1), metadata={op_name="jit(decode_loop)/while/body/propose/while/body/add"}
+}
+%body (q: s32[]) -> s32[] {
+  %q = s32[] parameter(0)
+  %while.2 = s32[] while(%q), condition=%cond, body=%inner, metadata={op_name="jit(decode_loop)/while/body/propose/while"}
+  %reduce-window.6 = s32[] fusion(%while.2), kind=kLoop, calls=%window
+  %fusion.3 = s32[] fusion(%reduce-window.6), kind=kLoop, calls=%fused, metadata={op_name="jit(decode_loop)/while/body/accept/reduce_max"}
+  ROOT %copy.4 = s32[] copy(%fusion.3)
+}
+ENTRY %main (r: s32[]) -> s32[] {
+  %r = s32[] parameter(0)
+  ROOT %while.5 = s32[] while(%r), condition=%cond, body=%body, metadata={op_name="jit(decode_loop)/while"}
+}
+"""
+    parts = costs.hlo_parts(hlo)
+    assert parts["copy.1"] == parts["add.1"] == parts["while.2"] == "propose"     # inherited from the calling while
+    assert parts["fusion.3"] == parts["reduce-window.6"] == "accept"        # unnamed: its only user's part
+    assert parts["copy.4"] == parts["while.5"] == parts["r"] == costs.LOOP_CONTROL
+
+
+def test_loop_profile_by_part(target, near_draft):
+    """Grouped by part, the keys are the step's parts (and the loop's control), the target's forward and the
+    proposal among them."""
+    ids = ragged_prompts(1, seed=2)
+    config = SpecConfig(method="draft_model", num_speculative_tokens=3, max_new_tokens=9, stop_at_eos=False)
+    spec = harness.loop_profile(target, ids, config, near_draft, calls=1, top=50, by="part")
+    assert set(spec["ops"]) <= set(PROGRAM_PARTS) | {costs.LOOP_CONTROL}, list(spec["ops"])
+    assert {"target_forward", "propose", "accept"} <= set(spec["ops"])
 
 
 def test_experiment_modules_the_tests_import_load_together():

@@ -37,6 +37,7 @@ def _setup(tmp_path, layers, batch_size=2, chunk_tokens=256):
 
 def _compare(loss_fn, params, target, batches, cached, steps=3, rtol=1e-5, acc_atol=1e-6):
     key = jax.random.PRNGKey(3)
+    loss_fn = jax.jit(loss_fn)          # compiled once per width rather than run op by op
     widths = []
     for step in range(steps):
         full = jax.tree.map(jnp.asarray, batches.batch(step))
