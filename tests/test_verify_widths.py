@@ -137,8 +137,9 @@ def test_batch_mates_do_not_change_a_request(target):
                         temperature=SP.temperature, top_k=SP.top_k, top_p=SP.top_p)
     batched = specjax.generate(target, prompts, config, seed=7)
     assert batched.stats["drafted"] < sum(w * n for w, n in enumerate(batched.stats["verify_hist"])), batched.stats
-    for i, prompt in enumerate(prompts):
-        alone = specjax.generate(target, [prompt], config, seed=7, request_ids=[i])
+    width = max(len(specjax.api.encode_all(target, [p], "prompt")[0]) for p in prompts)
+    for i, prompt in enumerate(prompts):    # padded as in the batch: one compiled program serves every row alone
+        alone = specjax.generate(target, [prompt], config, seed=7, request_ids=[i], pad_to=width)
         assert alone.tokens[0] == batched.tokens[i], i
 
 
