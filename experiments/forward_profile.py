@@ -31,9 +31,9 @@ the bandwidth each reaches (`GB/s`: weight bytes / the kind's thread time, for t
 Compute floor (--roofline, the default): the machine's float32 peak as XLA reaches it (a 1024-cubed matmul,
 costs.machine_roofline) against each forward's FLOPs (costs.roofline_inputs: 2 per weight and token, plus attention
 over the context): `gflop_s` is the rate a row reached, `compute_floor_vs_one` the T-position forward's FLOPs at the
-peak over the measured T = 1 time. Where weights stream from memory (SmolLM2-135M) the floor stays near 1; where
-they sit in cache (the toy's 17 MB) a T = 1 step is fast and T positions are compute-bound, so the floor is what a
-verify-cost goal has to be set against on that machine.
+peak over the measured T = 1 time. Where weights stream from memory (SmolLM2-135M) the floor stays at 1 up to many
+positions; where they sit in cache (the toy's) a T = 1 step is fast and a few positions more make the forward
+compute-bound, so the floor is what a verify-cost goal has to be set against on that machine.
 
 Rows are written with experiments.tables.write_table under --out (default runs/forward_profile).
 """
