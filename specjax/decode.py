@@ -314,18 +314,14 @@ def _propose_ahead(run: LoopInputs, s: LoopState) -> LoopState:
     """s with the drafter's proposal for the coming step in `pending` (and its draft state; a drafter sharing the
     target cache drafts over it past the committed entries, which the verify pass then overwrites)."""
     with jax.named_scope(PROPOSE):
-        return _propose(run, s)
-
-
-def _propose(run: LoopInputs, s: LoopState) -> LoopState:
-    ctx, key = _context(run, s), _step_key_pairs(run, s)[:, 0]
-    if shares_target_cache(run.drafter):
-        draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
-                                                        ctx._replace(target_cache=s.cache), key, run.spec.sampling)
-        s = s._replace(cache=cache.replace(lengths=s.cache.lengths))
-    else:
-        draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, key, run.spec.sampling)
-    return s._replace(pending=_gate_by_confidence(run, draft), draft_state=draft_state)
+        ctx, key = _context(run, s), _step_key_pairs(run, s)[:, 0]
+        if shares_target_cache(run.drafter):
+            draft, draft_state, cache = run.drafter.propose(run.draft_params, s.draft_state,
+                                                            ctx._replace(target_cache=s.cache), key, run.spec.sampling)
+            s = s._replace(cache=cache.replace(lengths=s.cache.lengths))
+        else:
+            draft, draft_state = run.drafter.propose(run.draft_params, s.draft_state, ctx, key, run.spec.sampling)
+        return s._replace(pending=_gate_by_confidence(run, draft), draft_state=draft_state)
 
 
 def _gate_by_confidence(run: LoopInputs, draft: Draft) -> Draft:
