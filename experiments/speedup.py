@@ -69,7 +69,7 @@ import jax
 import numpy as np
 
 import specjax
-from specjax import SpecConfig, analysis
+from specjax import SpecConfig, analysis, decode
 from specjax.drafters import registry
 from experiments import costs, harness
 from experiments.harness import tree_fields
@@ -122,8 +122,8 @@ flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (t
                   "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
 flags.DEFINE_enum("profile_by", "kind", ["kind", "signature", "part"], "--profile's grouping: by operation kind, "
                   "by signature (a kernel's or opcode's name and result shape, one key per kernel at one shape), or by "
-                  "the loop step's part (propose, target_forward, accept, commit_tokens, drafter_commit, stats; "
-                  "'loop': the loop's own control)")
+                  f"the loop step's part ({', '.join(decode.STEP_PARTS)}; '{costs.LOOP_CONTROL}': the loop's own "
+                  "control)")
 flags.DEFINE_bool("profile", False, "also profile each row's decode loop and its plain baseline by XLA operation "
                   "(experiments.harness.loop_profile: CPU ms per loop iteration by kind, on the row's first prompt or "
                   "its batch), printed and stored in the row as `profile` / `plain_profile`")

@@ -17,6 +17,7 @@ import pytest
 import specjax
 import specjax.verify as verify
 from specjax import SpecConfig
+from specjax.inputs import encode_all
 from specjax.drafters import suffix
 from specjax.drafters.base import Draft
 from specjax.drafters.registry import DrafterSpec, register
@@ -137,8 +138,8 @@ def test_batch_mates_do_not_change_a_request(target):
                         temperature=SP.temperature, top_k=SP.top_k, top_p=SP.top_p)
     batched = specjax.generate(target, prompts, config, seed=7)
     assert batched.stats["drafted"] < sum(w * n for w, n in enumerate(batched.stats["verify_hist"])), batched.stats
-    width = max(len(specjax.api.encode_all(target, [p], "prompt")[0]) for p in prompts)
-    for i, prompt in enumerate(prompts):    # padded as in the batch: one compiled program serves every row alone
+    width = max(map(len, encode_all(target, prompts, "prompt")))
+    for i, prompt in enumerate(prompts):    # padded to one width: one compiled program serves every row alone
         alone = specjax.generate(target, [prompt], config, seed=7, request_ids=[i], pad_to=width)
         assert alone.tokens[0] == batched.tokens[i], i
 
