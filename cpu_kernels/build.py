@@ -21,6 +21,7 @@ import jax
 import jaxlib
 
 TARGET = "specjax_small_m_matmul"
+PANELS_TARGET = "specjax_small_m_matmul_panels"
 Q4_1_TARGET = "specjax_small_m_matmul_q4_1"
 Q8_0_TARGET = "specjax_small_m_matmul_q8_0"
 Q4_1_INT8_TARGET = "specjax_small_m_matmul_q4_1_int8"
@@ -33,7 +34,8 @@ SOURCES = tuple(os.path.join(ROOT, kernel, "kernel.cc") for kernel in ("small_m_
                                                                     "rms_norm"))
 HEADERS = (os.path.join(ROOT, "common.h"),)
 # (FFI target, the library's handler symbol)
-HANDLERS = ((TARGET, "SpecjaxSmallMMatmul"), (Q4_1_TARGET, "SpecjaxSmallMMatmulQ41"),
+HANDLERS = ((TARGET, "SpecjaxSmallMMatmul"), (PANELS_TARGET, "SpecjaxSmallMMatmulPanels"),
+            (Q4_1_TARGET, "SpecjaxSmallMMatmulQ41"),
             (Q8_0_TARGET, "SpecjaxSmallMMatmulQ80"), (Q4_1_INT8_TARGET, "SpecjaxSmallMMatmulQ41Int8"),
             (Q8_0_INT8_TARGET, "SpecjaxSmallMMatmulQ80Int8"), (VERIFY_ATTENTION_TARGET, "SpecjaxVerifyAttention"),
             (ROPE_TARGET, "SpecjaxRope"), (RMS_NORM_TARGET, "SpecjaxRmsNorm"))

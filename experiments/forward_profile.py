@@ -64,9 +64,10 @@ flags.DEFINE_integer("context", 332, "tokens of history in the cache")
 flags.DEFINE_integer("batch", 1, "rows per forward")
 flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
 flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
-flags.DEFINE_list("weight_format", ["float32"], "the target's weights, side by side: float32, gguf, gguf_int8 "
-                  "(a GGUF target's own blocks, load_model(weight_format=); other targets are measured in float32 "
-                  "only)")
+flags.DEFINE_list("weight_format", ["auto"], "the target's weights, side by side: auto (load_model's default), "
+                  "float32 (row-major), panels (the same "
+                  "values in the kernel's panels), gguf, gguf_int8 (a GGUF target's own blocks, load_model("
+                  "weight_format=); other targets without them; random targets in float32 only)")
 flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
 flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
                   "default), xla")
@@ -150,9 +151,11 @@ def main(argv):
     for name in FLAGS.targets:
         models = {}                  # every format of this target, measured side by side (for each T, in turn)
         for weights in FLAGS.weight_format:
-            if weights != "float32" and (name.startswith("random:")
-                                         or not checkpoints.resolve(name, "model").endswith(".gguf")):
-                print(f"{name}: not a GGUF model, measured with float32 layers only")
+            if weights not in ("auto", "float32") and name.startswith("random:"):
+                print(f"{name}: random weights, measured with float32 layers only")
+                continue
+            if weights.startswith("gguf") and not checkpoints.resolve(name, "model").endswith(".gguf"):
+                print(f"{name}: not a GGUF model, measured without its {weights} format")
                 continue
             models[weights] = load_target(name, weights, dtype)
         weight_bytes = {w: sum(x.nbytes for x in jax.tree_util.tree_leaves(m.params)) for w, m in models.items()}

@@ -79,9 +79,11 @@ from experiments.tables import pyplot, save_figure, write_table
 FLAGS = flags.FLAGS
 flags.DEFINE_string("target", "smollm2-135m", "target model: a shipped or installed name, an HF directory or a "
                     "GGUF file (the toy: stdlib-target)")
-flags.DEFINE_enum("weight_format", "float32", ["float32", "gguf", "gguf_int8"], "the target's weights: float32, "
-                  "gguf (a GGUF target's own Q4_1 / Q8_0 blocks read by the CPU kernel: the same values and tokens, "
-                  "a third of the bytes per step) or gguf_int8 (those blocks in llama.cpp's arithmetic, 8-bit "
+flags.DEFINE_enum("weight_format", "auto", ["auto", "float32", "panels", "gguf", "gguf_int8"], "the target's "
+                  "weights: auto (panels where the CPU kernel runs, else float32), float32 (row-major), panels (the "
+                  "same values in the CPU kernel's panels: the same tokens), gguf (a GGUF target's own Q4_1 / Q8_0 "
+                  "blocks read by the CPU kernel: the same values and tokens, a third of the bytes per step) or "
+                  "gguf_int8 (those blocks in llama.cpp's arithmetic, 8-bit "
                   "activations: LOSSY, and speculative tokens not promised equal to plain ones); "
                   "load_model(weight_format=)")
 flags.DEFINE_list("drafters", [], "method=artifact pairs: what each method drafts from (a directory or a shipped "
@@ -241,6 +243,11 @@ def _elapsed() -> str:
     return f"[{time.perf_counter() - _STARTED:.0f} s]"
 
 
+def _layout(target) -> str:
+    """How the target holds its layer matrices: "panels" (the CPU kernel's PanelMatrix) or "row-major"."""
+    return "panels" if "wqkv" in target.params["layers"][0] else "row-major"
+
+
 def main(argv):
     del argv
     for module in FLAGS.drafter_modules:
@@ -291,8 +298,8 @@ def one_at_a_time() -> None:
         print(f"{_elapsed()} plain decoding of {target.name} on {pset} at temperature {temperature}: "
               f"{tps:.1f} tok/s, "
               f"{tps * target.config.num_params() * 4 / 1e9:.2f} GB/s of float32 weights"
-              + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format != "float32"
-                 else " read"))
+              + (f" (read as their GGUF blocks, {FLAGS.weight_format})" if FLAGS.weight_format.startswith("gguf")
+                 else f" read ({_layout(target)})"))
         for run, config, drafter_arg, (outs, st) in zip(group, configs, drafter_args, timed):
             method, k, tree = run["method"], config.k, run["tree"]
             artifact = artifact_name(method, run)

@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from specjax.drafters import registry
 from specjax.layout import AXES, apply_layout, axis_size, param_specs, plan_layout, validate_mesh
 from specjax.models.config import ModelConfig
+from specjax.models.model import from_panels
 
 
 def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -80,14 +81,17 @@ def shard_for_generate(mesh: Mesh, model, method: str, drafter: Any, draft_param
     divide replicated), per-request rows (padded like `rows` and split over "data"), or replicated.
     rows: per-request host arrays (prompts, lengths, keys), padded to a multiple of the data axis."""
     validate_mesh(model.config, mesh)
-    blocks = [k for lp in model.params["layers"] for k, w in lp.items() if not hasattr(w, "ndim")]
+    target_params = from_panels(model.params, model.config)        # panels are one device's layout: row-major here
+    blocks = [k for lp in target_params["layers"] for k, w in lp.items() if not hasattr(w, "ndim")]
     if blocks:
         raise ValueError(f"model {model.name!r} keeps its layers as quantized blocks ({blocks[0]}, ...; "
                          f"load_model(weight_format='gguf')), which are not split over a mesh: load it with "
                          f"float32 layers to generate on a mesh")
+    if isinstance(draft_params, dict) and "layers" in draft_params and hasattr(drafter, "config"):
+        draft_params = from_panels(draft_params, drafter.config)    # a draft model loaded in panels
     d = axis_size(mesh, "data")
     rows = [shard_rows(pad_rows(np.asarray(r), d), mesh) for r in rows]
-    params = shard_params(model.params, model.config, mesh)
+    params = shard_params(target_params, model.config, mesh)
     spec = registry.get(method)
     if spec.per_request_params:
         draft_params = jax.tree_util.tree_map(lambda x: shard_rows(pad_rows(np.asarray(x), d), mesh), draft_params)

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from cpu_kernels import build
-from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, Q4_1Int8Matrix, Q4_1Matrix,
-                                        Q8_0Int8Matrix, Q8_0Matrix, applies, matmul, small_m_matmul,
-                                        small_m_matmul_q4_1, small_m_matmul_q4_1_int8, small_m_matmul_q8_0,
+from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, PanelMatrix,
+                                        Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix, applies, matmul,
+                                        small_m_matmul, small_m_matmul_panels, small_m_matmul_q4_1,
+                                        small_m_matmul_q4_1_int8, small_m_matmul_q8_0,
                                         small_m_matmul_q8_0_int8, small_m_matmul_reference)
 from cpu_kernels.small_m_matmul.reference import (q4_1_int8_reference, q8_0_int8_reference, quantize_rows_q8,
                                                   unpack_q4_1_int8, unpack_q8_0_int8)
@@ -374,3 +375,66 @@ def test_int8_blocks_refuse_bad_input():
     w8 = Q8_0Int8Matrix(*map(jnp.asarray, Q8_0Int8Matrix.from_q8_0(_q8_0(32, 64)[0])))
     with pytest.raises(ValueError, match="read transposed"):
         matmul(x, w8)
+
+
+# ------------------------------------------------------------------------------- float32 w in panels (PanelMatrix)
+
+@pytest.mark.parametrize("K,N", [(40, 80), (64, 1536), (2, 16), (96, 960)])
+def test_panels_equal_the_float32_kernel_on_the_row_major_weights(K, N):
+    """Bit for bit, for every M (the row-major kernel's row-major sums at few rows, its strips at more) and thread
+    split: the panels hold w's values, summed in the same order."""
+    x, w = _inputs(max(ROWS), K, N, False, seed=3)
+    panels = PanelMatrix.from_dense(np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(panels.dequantize()), np.asarray(w))
+    panels = PanelMatrix(jnp.asarray(panels.panels))
+    for M in ROWS:
+        want = np.asarray(small_m_matmul(x[:M], w))
+        for parts in (1, 2, 3):
+            np.testing.assert_array_equal(np.asarray(small_m_matmul_panels(x[:M], panels, parts=parts)), want,
+                                          err_msg=f"M={M} parts={parts}")
+
+
+def test_panels_planted_bugs_are_seen():
+    """One value changed, or the two halves of the rows swapped, changes the product (the equality can fail)."""
+    x, w = _inputs(5, 64, 96, False, seed=4)
+    panels = np.asarray(PanelMatrix.from_dense(np.asarray(w)).panels)
+    want = np.asarray(small_m_matmul(x, w))
+    changed = panels.copy()
+    changed[1, 3, 7, 5] += 1.0
+    for bad in (changed, panels[::-1]):
+        assert not np.array_equal(np.asarray(small_m_matmul_panels(x, PanelMatrix(jnp.asarray(bad)))), want)
+
+
+def test_panels_dispatch_concatenation_and_gradients():
+    """matmul takes a PanelMatrix in jit like an array (leading dims kept; past MAX_ROWS the kernel MAX_ROWS rows
+    at a time, each row as alone), concatenated panels give each matrix's own columns, x's gradient is the dense
+    one's; transposed products and shapes the panels cannot hold are refused."""
+    _, w1 = _inputs(1, 64, 48, False, seed=5)
+    _, w2 = _inputs(1, 64, 32, False, seed=6)
+    fused = PanelMatrix.concatenate([PanelMatrix.from_dense(np.asarray(w)) for w in (w1, w2)])
+    fused = PanelMatrix(jnp.asarray(fused.panels))
+    assert fused.shape == (64, 80) and fused.dtype == jnp.float32
+    for shape in [(2, 3, 64), (MAX_ROWS + 8, 64)]:
+        x = jnp.asarray(np.random.default_rng(7).standard_normal(shape, dtype=np.float32))
+        got = np.asarray(jax.jit(matmul)(x, fused))
+        assert got.shape == (*shape[:-1], 80)
+        for w, cols in ((w1, slice(0, 48)), (w2, slice(48, 80))):
+            flat = x.reshape(-1, 64)
+            want = np.concatenate([np.asarray(small_m_matmul(flat[i:i + MAX_ROWS], w))
+                                   for i in range(0, flat.shape[0], MAX_ROWS)])
+            np.testing.assert_array_equal(got[..., cols].reshape(-1, cols.stop - cols.start), want)
+    x = jnp.asarray(np.random.default_rng(8).standard_normal((3, 64), dtype=np.float32))
+    dense = jnp.concatenate([w1, w2], axis=1)
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(matmul(x, fused))))(x)
+    np.testing.assert_allclose(grad, jax.grad(lambda x: jnp.sum(jnp.sin(x @ dense)))(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="transposed"):
+        matmul(x, fused, transposed=True)
+    with pytest.raises(ValueError, match="K even"):
+        PanelMatrix.from_dense(np.ones((3, 16), np.float32))
+    with pytest.raises(ValueError, match="N % 16"):
+        PanelMatrix.from_dense(np.ones((4, 24), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        PanelMatrix.from_dense(np.ones((4, 16), np.float64))
+    with pytest.raises(ValueError, match="one K"):
+        PanelMatrix.concatenate([PanelMatrix.from_dense(np.ones((4, 16), np.float32)),
+                                 PanelMatrix.from_dense(np.ones((6, 16), np.float32))])

@@ -9,6 +9,7 @@ the time per matrix, the weight bandwidth reached, and the cost relative to M = 
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1:576x1536,q4_1:1536x576   # Q4_1 blocks
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q4_1_int8:576x1536       # llama.cpp's arithmetic
   python -m cpu_kernels.bench.bench_small_m_matmul --shapes q8_0:49152x576           # a Q8_0 tied LM head
+  python -m cpu_kernels.bench.bench_small_m_matmul --shapes panels:576x576            # w in 16-column panels
 
 For q4_1 shapes the first columns are the kernel over Q4_1 blocks and the last the float32 kernel over the same
 dequantized weights (q8_0, w [N, K] read transposed: the kernel over Q8_0 blocks, then the float32 kernel over the
@@ -29,8 +30,9 @@ import jax.numpy as jnp
 
 import numpy as np
 
-from cpu_kernels.small_m_matmul import (Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix, small_m_matmul, small_m_matmul_q4_1,
-                                       small_m_matmul_q4_1_int8, small_m_matmul_q8_0, small_m_matmul_reference)
+from cpu_kernels.small_m_matmul import (PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix, small_m_matmul,
+                                       small_m_matmul_panels, small_m_matmul_q4_1, small_m_matmul_q4_1_int8,
+                                       small_m_matmul_q8_0, small_m_matmul_reference)
 
 
 def fastest(fn, *args, reps: int) -> float:
@@ -64,7 +66,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     print(f"{'shape':>16} {'M':>3} {'kernel ms':>9} {'GB/s':>6} {'vs M=1':>6} {'xla ms':>8} {'GB/s':>6} {'vs M=1':>6}"
-          "   (q4_1, q8_0: the second is the float32 kernel; q4_1_int8: the exact Q4_1 kernel)")
+          "   (q4_1, q8_0, panels: the second is the float32 kernel over row-major w; q4_1_int8: the exact Q4_1 "
+          "kernel)")
     for spec in a.shapes.split(","):
         form, dims = spec.split(":")
         A, B = (int(d) for d in dims.split("x"))
@@ -94,6 +97,11 @@ def main() -> None:
             else:
                 dense = [w.dequantize() for w in ws[:max(1, int(a.megabytes * 1e6 // (A * B * 4)))]]
                 candidates = (exact, ("xla", lambda x, w: small_m_matmul(x, w, parts=a.parts), dense))
+        elif form == "panels":
+            ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
+            panels = [PanelMatrix(jnp.asarray(PanelMatrix.from_dense(w).panels)) for w in ws]
+            candidates = (("panels", lambda x, w: small_m_matmul_panels(x, w, parts=a.parts), panels),
+                          ("kernel", lambda x, w: small_m_matmul(x, w, parts=a.parts), ws))
         else:
             ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
             candidates = (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts), ws),

@@ -20,6 +20,10 @@ dot gives no such promise between its paths). Against XLA's dot the results diff
 Gradients: the backward pass is XLA's (the kernel is for inference; a custom VJP makes it safe under jax.grad).
 SPECJAX_SMALL_M_MATMUL=0 turns the kernel off (every call takes XLA's dot).
 
+Rearranged weights: `PanelMatrix` holds w [K, N] float32 in 16-column panels, each half of its rows one contiguous
+block (load_model's default on a CPU): the same values and bit-identical products, but each core streams its half
+in order where a row-major w puts a strip's consecutive rows a page apart (beyond the hardware prefetchers).
+
 Quantized weights: `Q4_1Matrix` holds w [K, N] as llama.cpp's Q4_1 blocks (0.75 bytes per weight instead of 4),
 `Q8_0Matrix` w [N, K] (transposed products: a tied LM head) as Q8_0 blocks (1.125 bytes); `matmul` takes either in
 place of w. The kernel dequantizes in cache or registers and sums with the float32 code, so the product is
@@ -43,11 +47,12 @@ import numpy as np
 
 from cpu_kernels import build
 from cpu_kernels.small_m_matmul.reference import (dequantize_q4_1, dequantize_q8_0, q4_1_int8_reference,
-                                                  q8_0_int8_reference, small_m_matmul_reference)
+                                                  q8_0_int8_reference, small_m_matmul_reference, unpack_panels)
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Matrix", "Q8_0Matrix",
-           "XLA_GEMM_MAX_ROWS", "applies", "cores", "matmul", "min_rows", "small_m_matmul", "small_m_matmul_q4_1",
-           "small_m_matmul_q4_1_int8", "small_m_matmul_q8_0", "small_m_matmul_q8_0_int8", "small_m_matmul_reference"]
+__all__ = ["MAX_ROWS", "MAX_ROWS_TRANSPOSED", "PanelMatrix", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Matrix",
+           "Q8_0Matrix", "XLA_GEMM_MAX_ROWS", "applies", "cores", "matmul", "min_rows", "small_m_matmul",
+           "small_m_matmul_panels", "small_m_matmul_q4_1", "small_m_matmul_q4_1_int8", "small_m_matmul_q8_0",
+           "small_m_matmul_q8_0_int8", "small_m_matmul_reference"]
 
 # Measured on a 2-core AVX-512 CPU over weights streamed from memory: the kernel was as fast as XLA's GEMM or faster
 # up to MAX_ROWS rows (nn); nt's blocks hold fewer rows, and XLA's GEMM was the faster path for 17-64 of them. Above
@@ -108,6 +113,60 @@ def _float32(blocks) -> jnp.dtype:
 def _stored_bytes(blocks) -> int:
     """The bytes quantized blocks occupy (what a product reads)."""
     return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in blocks)
+
+
+class PanelMatrix(NamedTuple):
+    """w [K, N] float32 with its values rearranged for the kernel: each half of w's rows, [0, K / 2) and [K / 2, K),
+    by panels of 16 columns, a panel's rows consecutive. The same values and the same sums as the row-major w
+    (bit-identical products), but each core streams one contiguous block, where the row-major w puts a strip's
+    rows a page apart. A pytree: it travels through jit like the array it stands for, and `matmul` takes it in
+    place of w; XLA's dot (no kernel, or more rows than it takes) reads it back row-major first."""
+    panels: jax.Array       # float32 [2, N / 16, K / 2, 16]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 2 * self.panels.shape[2], 16 * self.panels.shape[1]
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self.panels.dtype
+
+    nbytes = property(_stored_bytes)
+
+    def dequantize(self) -> jax.Array:
+        """The row-major w [K, N] (the name quantized blocks share: what the product stands for)."""
+        return unpack_panels(self.panels)
+
+    @classmethod
+    def from_dense(cls, w) -> "PanelMatrix":
+        """Row-major w [K, N] (K even, N % 16 == 0) -> its panels (numpy arrays: a load-time transform)."""
+        w = np.asarray(w)
+        if w.ndim != 2 or w.dtype != np.float32:
+            raise ValueError(f"a PanelMatrix holds a 2-D float32 w, got {w.dtype} {list(w.shape)}")
+        K, N = w.shape
+        if K % 2 or N % 16:
+            raise ValueError(f"a PanelMatrix needs K even and N % 16 == 0, got [{K}, {N}]")
+        return cls(np.ascontiguousarray(w.reshape(2, K // 2, N // 16, 16).transpose(0, 2, 1, 3)))
+
+    @classmethod
+    def from_dense_traced(cls, w: jax.Array) -> "PanelMatrix":
+        """from_dense in jnp (inside a trace: a gradient with respect to w, laid out as w is)."""
+        K, N = w.shape
+        return cls(w.reshape(2, K // 2, N // 16, 16).transpose(0, 2, 1, 3))
+
+    @classmethod
+    def concatenate(cls, parts: "list[PanelMatrix]") -> "PanelMatrix":
+        """[w_1 | w_2 | ...] along N: one product in place of several over the same x, each column computed exactly
+        as in its own matrix's product."""
+        if len({p.shape[0] for p in parts}) != 1:
+            raise ValueError(f"matrices concatenated along N need one K, got {[p.shape for p in parts]}")
+        return cls(np.concatenate([np.asarray(p.panels) for p in parts], axis=1))
+
+
+def small_m_matmul_panels(x: jax.Array, w: PanelMatrix, *, parts: int | None = None) -> jax.Array:
+    """The kernel over a PanelMatrix (CPU only): x [M, K] @ w -> [M, N], bit-identical to small_m_matmul(x,
+    w.dequantize()) for every M, parts and core count."""
+    return _block_product("small_m_matmul_panels", build.PANELS_TARGET, x, w, parts)
 
 
 class Q4_1Matrix(NamedTuple):
@@ -298,7 +357,25 @@ def _kernel_backward(transposed, residuals, g):
 _differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
 
 
-def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q4_1Int8Matrix | Q8_0Matrix | Q8_0Int8Matrix,
+@jax.custom_vjp
+def _differentiable_panels(x, w):
+    return small_m_matmul_panels(x, w)
+
+
+def _panels_forward(x, w):
+    return small_m_matmul_panels(x, w), (x, w)
+
+
+def _panels_backward(residuals, g):
+    x, w = residuals
+    dense = w.dequantize()
+    return g @ dense.T, PanelMatrix.from_dense_traced(x.T @ g)
+
+
+_differentiable_panels.defvjp(_panels_forward, _panels_backward)
+
+
+def matmul(x: jax.Array, w: jax.Array | PanelMatrix | Q4_1Matrix | Q4_1Int8Matrix | Q8_0Matrix | Q8_0Int8Matrix,
            transposed: bool = False) -> jax.Array:
     """x [..., K] @ w [K, N] (transposed: w [N, K]) -> [..., N]: the kernel on CPU where `applies`, else XLA's dot.
     With an accelerator as the default backend nothing is built and XLA's dot is traced; a CPU program lowered
@@ -307,14 +384,26 @@ def matmul(x: jax.Array, w: jax.Array | Q4_1Matrix | Q4_1Int8Matrix | Q8_0Matrix
     own product at every row count (the kernel, else its reference)."""
     if isinstance(w, Q4_1Matrix) and transposed:
         raise ValueError("a Q4_1Matrix is w [K, N]; transposed products take a float32 w")
+    if isinstance(w, PanelMatrix) and transposed:
+        raise ValueError("a PanelMatrix is w [K, N]; transposed products take a float32 w")
     if isinstance(w, Q8_0Matrix) and not transposed:
         raise ValueError("a Q8_0Matrix is w [N, K], read transposed (matmul(x, w, transposed=True))")
     if isinstance(w, (Q4_1Int8Matrix, Q8_0Int8Matrix)):
         return _int8_product(x, w, transposed)
+    rows = int(np.prod(x.shape[:-1]))
+    if isinstance(w, PanelMatrix) and rows > MAX_ROWS and applies(
+            (MAX_ROWS, x.shape[-1]), w.shape, x.dtype) is None and x.dtype == w.dtype:
+        # A prefill: MAX_ROWS rows at a time through the kernel (each row as it would be alone), rather than XLA's
+        # dot over the row-major values, which would copy every matrix out of its panels on every call.
+        flat = x.reshape(rows, x.shape[-1])
+        pieces = [matmul(flat[i:i + MAX_ROWS], w) for i in range(0, rows, MAX_ROWS)]
+        return jnp.concatenate(pieces, axis=0).reshape(*x.shape[:-1], -1)
     quantized = isinstance(w, (Q4_1Matrix, Q8_0Matrix))
-    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize() if quantized else w, transposed)
+    rearranged = quantized or isinstance(w, PanelMatrix)
+    reference = lambda x, w: small_m_matmul_reference(x, w.dequantize() if rearranged else w, transposed)
     usable = x.dtype == w.dtype and applies(x.shape, w.shape, x.dtype, transposed, quantized) is None
-    product = {Q4_1Matrix: small_m_matmul_q4_1, Q8_0Matrix: small_m_matmul_q8_0}.get(
+    product = {Q4_1Matrix: small_m_matmul_q4_1, Q8_0Matrix: small_m_matmul_q8_0,
+               PanelMatrix: _differentiable_panels}.get(
         type(w), lambda x, w: _differentiable_kernel(x, w, transposed))
     lead = x.shape[:-1]
     kernel = lambda x, w: product(x.reshape(-1, x.shape[-1]), w).reshape(*lead, -1)

@@ -6,9 +6,11 @@
 // Every output element is the same sequence of float32 operations whatever M and whatever the thread split (nt: a
 // chain of fused multiply-adds over k in 16 lanes, then a fixed pairwise sum; nn: two chains over k, rows [0, K/2)
 // and [K/2, K) of w, then their sum): a row is bit-identical whichever rows share its call.
-// w may also be llama.cpp's quantized blocks (nn: Q4_1, nt: Q8_0), dequantized in registers or cache into exactly
-// the float32 values and summed in the same order: bit-identical to the float32 product over those values. Or the
-// same blocks times 8-bit activations with integer dot products (llama.cpp's arithmetic, a different product; below).
+// nn's w may also come rearranged in 16-column panels, each half of its rows one contiguous stream (the same values
+// and sums: SmallMMatmulPanels). w may also be llama.cpp's quantized blocks (nn: Q4_1, nt: Q8_0), dequantized in
+// registers or cache into exactly the float32 values and summed in the same order: bit-identical to the float32
+// product over those values. Or the same blocks times 8-bit activations with integer dot products (llama.cpp's
+// arithmetic, a different product; below).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -66,21 +68,32 @@ constexpr int kTallStripVectors = kMaxAccumulators >= 24 ? kStripVectors : 2;   
 constexpr int kTallRowBlock = kMaxAccumulators / kTallStripVectors;
 constexpr int64_t kChunk = 64;
 
-// Rows [0, MB) of y, columns [n0, n0 + NV * 16), over k in [k0, k1): from zero when fresh, else from y. The step
-// at w row k prefetches the lines at w + k * N + n0 + ahead into L2.
+// Where w [K, N]'s element (k, c) lies: w row-major (panel_stride 16, row_stride N), or in panels of 16 columns
+// (PanelMatrix below: each panel's rows consecutive, row_stride 16, panel_stride its rows x 16). A column vector
+// never crosses a panel (16 is a multiple of the lanes).
+struct NnLayout {
+  const float* base;
+  int64_t row_stride, panel_stride;
+  const float* at(int64_t k, int64_t c) const { return base + c / 16 * panel_stride + k * row_stride + c % 16; }
+};
+
+// Rows [0, MB) of y, columns [n0, n0 + NV * kLanes), over k in [k0, k1): from zero when fresh, else from y. The
+// step at w row k prefetches the lines `ahead` floats on from those it reads, into L2.
 template <int MB, int NV>
-void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t n0, int64_t k0, int64_t k1,
+void nn_block(const float* x, int64_t K, const NnLayout& w, float* y, int64_t N, int64_t n0, int64_t k0, int64_t k1,
               bool fresh, int64_t ahead) {
   vec acc[MB][NV];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NV; ++j) acc[m][j] = fresh ? vec{} : load(y + m * N + n0 + j * kLanes);
-  const float* wp = w + k0 * N + n0;
-  for (int64_t k = k0; k < k1; ++k, wp += N) {
+  const float* wp = w.at(k0, n0);
+  int64_t offset[NV];                  // vector j's columns, from vector 0's
+  for (int j = 0; j < NV; ++j) offset[j] = w.at(k0, n0 + j * kLanes) - wp;
+  for (int64_t k = k0; k < k1; ++k, wp += w.row_stride) {
     for (int j = 0; j < NV; ++j) {
-      __builtin_prefetch(wp + ahead + j * kLanes, 0, 1);
+      __builtin_prefetch(wp + offset[j] + ahead, 0, 1);
     }
     vec wv[NV];
-    for (int j = 0; j < NV; ++j) wv[j] = load(wp + j * kLanes);
+    for (int j = 0; j < NV; ++j) wv[j] = load(wp + offset[j]);
     for (int m = 0; m < MB; ++m) {
       const float xs = x[m * K + k];
       for (int j = 0; j < NV; ++j) acc[m][j] = fmadd(splat<vec>(xs), wv[j], acc[m][j]);
@@ -90,7 +103,7 @@ void nn_block(const float* x, int64_t K, const float* w, int64_t N, float* y, in
     for (int j = 0; j < NV; ++j) store(y + m * N + n0 + j * kLanes, acc[m][j]);
 }
 
-using NnFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, bool,
+using NnFn = void (*)(const float*, int64_t, const NnLayout&, float*, int64_t, int64_t, int64_t, int64_t, bool,
                      int64_t);
 
 template <int NV, int MB>
@@ -109,9 +122,9 @@ constexpr std::array<std::array<NnFn, kTallRowBlock>, sizeof...(NV)> nn_tables(
 }
 const auto kNn = nn_tables(std::make_integer_sequence<int, kStripVectors>{});   // [vectors - 1][rows - 1]
 
-// All M rows of y over the 16-column vectors [v0, v1), summed over w's rows [ka, kb) from zero when fresh, else
+// All M rows of y over the column vectors [v0, v1), summed over w's rows [ka, kb) from zero when fresh, else
 // continuing y's partial sums.
-void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y, int64_t v0, int64_t v1,
+void nn_strips(const float* x, int64_t M, int64_t K, const NnLayout& w, int64_t N, float* y, int64_t v0, int64_t v1,
                int64_t ka, int64_t kb, bool fresh) {
   if (ka == kb) {                      // an empty half (K = 1): its sum is zero
     if (!fresh) return;
@@ -125,10 +138,12 @@ void nn_strips(const float* x, int64_t M, int64_t K, const float* w, int64_t N, 
     const int nv = static_cast<int>(std::min<int64_t>(strip, v1 - v));
     for (int64_t k0 = ka; k0 < kb; k0 += kChunk) {
       // the next chunk of this strip, else the next strip's first (else nothing)
-      const int64_t ahead = k0 + kChunk < kb ? kChunk * N : (v + strip < v1 ? strip * kLanes - (k0 - ka) * N : 0);
+      const float* next = k0 + kChunk < kb ? w.at(k0 + kChunk, v * kLanes)
+                          : v + strip < v1 ? w.at(ka, (v + strip) * kLanes) : nullptr;
+      const int64_t ahead = next ? next - w.at(k0, v * kLanes) : 0;
       for (int64_t m0 = 0; m0 < M; m0 += row_block) {
         const int mb = static_cast<int>(std::min<int64_t>(row_block, M - m0));
-        kNn[nv - 1][mb - 1](x + m0 * K, K, w, N, y + m0 * N, v * kLanes, k0, std::min(kb, k0 + kChunk),
+        kNn[nv - 1][mb - 1](x + m0 * K, K, w, y + m0 * N, N, v * kLanes, k0, std::min(kb, k0 + kChunk),
                             fresh && k0 == ka, ahead);
       }
     }
@@ -460,7 +475,29 @@ ffi::Error SmallMMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   nn_halves(pool, M, K, N, yp, parts, kLanes,
             [=](float* out, int64_t ka, int64_t kb, int64_t c0, int64_t c1, bool row_major) {
               if (row_major) kNnRows[M - 1](xp, K, wp, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
-              else nn_strips(xp, M, K, wp, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
+              else nn_strips(xp, M, K, NnLayout{wp, N, 16}, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
+            });
+  return ffi::Error::Success();
+}
+
+// w [K, N] in panels (PanelMatrix): panels [2, N / 16, K / 2, 16], half h holding w's rows [h K / 2, (h + 1) K / 2)
+// by 16-column panels, each panel's rows consecutive. The same values summed in the same order as SmallMMatmul's
+// (the strips' chains over the two halves, then their sum): bit-identical to it over the row-major w. Row-major
+// w [K, N] puts a strip's consecutive rows N floats apart, a new 4 KiB page every row or few, which the hardware
+// prefetchers do not follow; in panels a core's half is one contiguous stream whatever the strip or row count.
+ffi::Error SmallMMatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                              ffi::ResultBuffer<ffi::F32> y, int64_t parts) {
+  const auto xd = x.dimensions(), pd = panels.dimensions();
+  if (xd.size() != 2 || pd.size() != 4 || pd[0] != 2 || pd[3] != 16)
+    return ffi::Error::InvalidArgument("small_m_matmul_panels: x must be [M, K], panels [2, N / 16, K / 2, 16]");
+  const int64_t M = xd[0], K = xd[1], N = pd[1] * 16, half = pd[2];
+  if (K != 2 * half) return ffi::Error::InvalidArgument("small_m_matmul_panels: K mismatch");
+  const float* xp = x.typed_data();
+  const float* wp = panels.typed_data();
+  nn_halves(pool, M, K, N, y->typed_data(), parts, 16,
+            [=](float* out, int64_t ka, int64_t kb, int64_t c0, int64_t c1, bool) {
+              const NnLayout w{wp + (ka == 0 ? 0 : N * half) - ka * 16, 16, half * 16};
+              nn_strips(xp, M, K, w, N, out, c0 / kLanes, c1 / kLanes, ka, kb, true);
             });
   return ffi::Error::Success();
 }
@@ -606,7 +643,8 @@ ffi::Error SmallMMatmulQ41(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
                 const int64_t k1 = std::min(kb, k0 + rows);
                 dequantize_q41(qp, dp, mp, N, buf, k0, k1, c0, c1);
                 if (row_major) kNnRows[M - 1](xp + k0, K, buf, N, out, c0 / kLanes, c1 / kLanes, 0, k1 - k0, k0 == ka);
-                else nn_strips(xp + k0, M, K, buf, N, out, c0 / kLanes, c1 / kLanes, 0, k1 - k0, k0 == ka);
+                else nn_strips(xp + k0, M, K, NnLayout{buf, N, 16}, N, out, c0 / kLanes, c1 / kLanes, 0, k1 - k0,
+                               k0 == ka);
               }
             });
   return ffi::Error::Success();
@@ -820,6 +858,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmul, SmallMMatmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<bool>("transposed")
+                                  .Attr<int64_t>("parts"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulPanels, SmallMMatmulPanels,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("parts"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMMatmulQ41, SmallMMatmulQ41,

@@ -10,6 +10,12 @@ def small_m_matmul_reference(x: jax.Array, w: jax.Array, transposed: bool = Fals
     return x @ (w.T if transposed else w)
 
 
+def unpack_panels(panels: jax.Array) -> jax.Array:
+    """A PanelMatrix's panels [2, N / 16, K / 2, 16] -> the row-major float32 w [K, N] they hold."""
+    _, P, half, width = panels.shape
+    return panels.transpose(0, 2, 1, 3).reshape(2 * half, P * width)
+
+
 def dequantize_q4_1(nibbles: jax.Array, scale: jax.Array, minimum: jax.Array) -> jax.Array:
     """Q4_1 blocks (small_m_matmul.Q4_1Matrix's arrays) -> float32 w [K, N]: scale * q + minimum, q in 0..15; byte
     (k, 16 g + j) of nibbles holds q[k, 32 g + j] low and q[k, 32 g + 16 + j] high. scale * q is exact in float32,

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from cpu_kernels import build
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
-from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix
+from cpu_kernels.small_m_matmul import PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix
 from specjax.models.gguf_io import convert_gguf, gguf_blocks
 from specjax.models.hf_io import load_chat_template, load_pretrained, save_pretrained
 from specjax.models.llama import full_logits
@@ -47,10 +48,11 @@ class Model:
     def save_pretrained(self, path: str | os.PathLike, dtype: str = "float32",
                         max_shard_bytes: int | None = None) -> None:
         """An HF directory that transformers and vLLM load: weights, config, tokenizer and chat template."""
-        if "embed_blocks" in self.params or any("wqkv" in lp for lp in self.params["layers"]):
+        params = from_panels(self.params, self.config)
+        if "embed_blocks" in params or any("wqkv" in lp for lp in params["layers"]):
             raise ValueError(f"model {self.name!r} holds GGUF blocks (load_model(weight_format='gguf')); load it "
                              f"with weight_format='float32' to save an HF directory")
-        save_pretrained(self.params, self.config, path, tokenizer=self.tokenizer, dtype=dtype,
+        save_pretrained(params, self.config, path, tokenizer=self.tokenizer, dtype=dtype,
                         max_shard_bytes=max_shard_bytes, chat_template=self.chat_template)
 
 
@@ -69,18 +71,25 @@ def _directory(found: str) -> str:
     return convert_gguf(found, checkpoints.cache_dir()) if os.path.isfile(found) else found
 
 
-WEIGHT_FORMATS = ("float32", "gguf", "gguf_int8")
+WEIGHT_FORMATS = ("auto", "float32", "panels", "gguf", "gguf_int8")
 
 
 def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | None = None,
-               weight_format: str = "float32") -> Model:
+               weight_format: str = "auto") -> Model:
     """A Hugging Face Llama/Qwen2/Mistral directory, a llama.cpp GGUF file, or the name of a shipped model or an
     installed GGUF target such as "smollm2-135m" (specjax.checkpoints). A GGUF file is converted once to a float32
     HF directory in the user cache (specjax.checkpoints.cache_dir) and loaded from there.
     mesh: load each tensor straight into its tensor-parallel layout on that mesh (specjax.sharding.make_mesh);
     the model must split evenly over its "model" axis (a small draft model need not: load it without the mesh
     and generate(mesh=...) places it, dims the axis does not divide replicated).
-    weight_format: "float32", or "gguf" for a GGUF file whose decoder-layer matrices are Q4_1 (SmolLM2's): those
+    weight_format: "auto" (the default): "panels" where the CPU kernel computes the products (a CPU backend, the
+    kernels built and on, float32, no mesh), else "float32". "float32": row-major arrays. "panels": the same
+    values, each decoder-layer matrix rearranged for the CPU kernel (cpu_kernels.small_m_matmul.PanelMatrix: each
+    half of its rows in 16-column panels, so that a core streams one contiguous block where a row-major matrix puts
+    a strip's rows a page apart) and q/k/v and gate/up fused into one product each: the float32 model's logits bit
+    for bit wherever the kernel computes them (a prefill longer than it takes runs XLA's dot over the fused
+    matrices: float32 rounding apart), any model, float32, no mesh; generate(mesh=...) and save_pretrained read
+    the panels back row-major. Or "gguf" for a GGUF file whose decoder-layer matrices are Q4_1 (SmolLM2's): those
     matrices stay in the file's blocks (0.75 bytes per weight instead of 4), q/k/v and gate/up fused, and a Q8_0
     tied embedding also serves as the LM head in its blocks (1.125 bytes; the float32 embedding stays for lookups).
     The CPU kernel reads them. The model computes exactly what the float32 one does (the blocks hold the same
@@ -95,8 +104,10 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}: one of {WEIGHT_FORMATS}")
     found = checkpoints.resolve(path_or_name, "model")
+    if weight_format == "auto":
+        weight_format = "panels" if mesh is None and jnp.dtype(dtype) == jnp.float32 and panels_apply() else "float32"
     if weight_format != "float32":
-        if not os.path.isfile(found):
+        if weight_format.startswith("gguf") and not os.path.isfile(found):
             raise ValueError(f"weight_format={weight_format!r} needs a GGUF model; {os.fspath(path_or_name)!r} is an "
                              f"HF directory")
         if jnp.dtype(dtype) != jnp.float32 or mesh is not None:
@@ -111,9 +122,57 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
         raise ValueError(f"{os.fspath(path_or_name)!r} is a {kind!r} drafter artifact, not a model: pass it as "
                          f"generate(..., SpecConfig(method={kind!r}), drafter={os.fspath(path_or_name)!r})")
     params, cfg, tokenizer = load_pretrained(path, dtype=dtype, mesh=mesh)
-    if weight_format != "float32":
+    if weight_format == "panels":
+        params = to_panels(params)
+    elif weight_format != "float32":
         params = _with_gguf_blocks(params, cfg, found, int8=weight_format == "gguf_int8")
     return Model(cfg, params, tokenizer, name, load_chat_template(path))
+
+
+def panels_apply() -> bool:
+    """Whether the CPU kernel computes this process's products (what weight_format="auto" reads): the default
+    backend a CPU, the kernels built, SPECJAX_SMALL_M_MATMUL not 0."""
+    return (jax.default_backend() == "cpu" and not build.turned_off("SPECJAX_SMALL_M_MATMUL")
+            and build.load() is not None)
+
+
+def to_panels(params: dict) -> dict:
+    """A Llama-family model's float32 params with every decoder-layer matrix the kernel takes as a PanelMatrix, q/k/v
+    and gate/up fused into wqkv and w_gate_up where all of theirs are (specjax.models.llama); the rest (norms,
+    biases, embeddings) unchanged: load_model(weight_format="panels") for a model already in memory."""
+    takes = lambda w: w.shape[0] % 2 == 0 and w.shape[1] % 16 == 0
+    layers = []
+    for lp in params["layers"]:
+        lp = dict(lp)
+        for fused, keys in (("wqkv", ("wq", "wk", "wv")), ("w_gate_up", ("w_gate", "w_up"))):
+            if all(takes(lp[k]) for k in keys):
+                lp[fused] = PanelMatrix.concatenate([PanelMatrix.from_dense(lp.pop(k)) for k in keys])
+        for key in ("wo", "w_down"):
+            if takes(lp[key]):
+                lp[key] = PanelMatrix.from_dense(lp[key])
+        layers.append({k: PanelMatrix(jnp.asarray(w.panels)) if isinstance(w, PanelMatrix) else w
+                       for k, w in lp.items()})
+    return {**params, "layers": layers}
+
+
+def from_panels(params: dict, cfg: ModelConfig) -> dict:
+    """to_panels undone: every PanelMatrix back to its row-major array, wqkv and w_gate_up split into their
+    matrices (numpy arrays). Params without panels are returned as they are."""
+    layers = params.get("layers")
+    if not isinstance(layers, (list, tuple)) or not any(
+            isinstance(w, PanelMatrix) for lp in layers if isinstance(lp, dict) for w in lp.values()):
+        return params
+    dense = lambda w: np.asarray(w.dequantize()) if isinstance(w, PanelMatrix) else w
+    layers = []
+    for lp in params["layers"]:
+        lp = {k: dense(w) for k, w in lp.items()}
+        if "wqkv" in lp:
+            q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            lp["wq"], lp["wk"], lp["wv"] = np.split(lp.pop("wqkv"), [q_width, q_width + kv_width], axis=1)
+        if "w_gate_up" in lp:
+            lp["w_gate"], lp["w_up"] = np.split(lp.pop("w_gate_up"), 2, axis=1)
+        layers.append(lp)
+    return {**params, "layers": layers}
 
 
 def _with_gguf_blocks(params: dict, cfg: ModelConfig, found: str, int8: bool = False) -> dict:

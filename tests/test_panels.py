@@ -1,0 +1,71 @@
+"""load_model(weight_format="panels") / to_panels: the same float32 values rearranged for the CPU kernel (each layer
+matrix a PanelMatrix, q/k/v and gate/up fused). The model's logits are the float32 model's bit for bit, and so is
+its greedy output, plain and speculative (a chain that shares the target's layers, a draft model, a tree), batch 1
+and 3; a mesh and an HF export read them back row-major; load_model takes panels by default where the kernel runs."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from cpu_kernels import build
+from cpu_kernels.small_m_matmul import PanelMatrix
+from specjax import SpecConfig
+from specjax.models.hf_io import load_pretrained
+from specjax.models.model import Model, from_panels, to_panels
+from tiny import BASELINE_MAX_NEW, ragged_prompts
+
+pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def panels(target):
+    return Model(target.config, to_panels(target.params), target.tokenizer, "tiny-panels")
+
+
+def test_layers_are_panels_and_logits_are_bit_identical(target, panels):
+    layer = panels.params["layers"][0]
+    assert {"wqkv", "wo", "w_gate_up", "w_down"} <= set(layer) and "wq" not in layer and "w_up" not in layer
+    assert all(isinstance(layer[k], PanelMatrix) for k in ("wqkv", "wo", "w_gate_up", "w_down"))
+    np.testing.assert_array_equal(np.asarray(layer["wo"].dequantize()), np.asarray(target.params["layers"][0]["wo"]))
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, target.config.vocab_size, (2, 11)), jnp.int32)
+    np.testing.assert_array_equal(np.asarray(panels.logits(ids)), np.asarray(target.logits(ids)))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_output_is_the_float32_models(panels, draft, baselines, batch):
+    prompts = ragged_prompts(batch, seed=batch)
+    skip = dict(drafter_options=dict(skip_layers=[1]))
+    for method, opts, drafter in (("none", {}, None), ("ngram", dict(num_speculative_tokens=4), None),
+                                  ("draft_model", dict(num_speculative_tokens=3), draft),
+                                  ("layer_skip", dict(num_steps=2, topk=2, num_draft_tokens=4, **skip), None)):
+        cfg = SpecConfig(method=method, max_new_tokens=BASELINE_MAX_NEW, **opts)
+        assert specjax.generate(panels, prompts, cfg, drafter=drafter).tokens == baselines[batch], (method, batch)
+
+
+def test_a_mesh_and_an_export_read_the_panels_back_row_major(target, panels, baselines, tmp_path):
+    """generate(mesh=...) places the row-major matrices (panels are one device's layout) and save_pretrained
+    writes them: the same greedy tokens, the same weights read back."""
+    back = from_panels(panels.params, panels.config)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(target.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    cfg = SpecConfig(max_new_tokens=BASELINE_MAX_NEW)
+    assert specjax.generate(panels, ragged_prompts(1, seed=1), cfg, mesh=mesh).tokens == baselines[1]
+    panels.save_pretrained(tmp_path / "out")
+    saved, _, _ = load_pretrained(tmp_path / "out")
+    np.testing.assert_array_equal(np.asarray(saved["layers"][1]["wk"]), np.asarray(target.params["layers"][1]["wk"]))
+    with pytest.raises(ValueError, match="weight_format"):
+        specjax.load_model("stdlib-target", weight_format="panel")
+
+
+def test_load_model_chooses_panels_where_the_kernel_runs(monkeypatch):
+    """weight_format="auto": panels on a CPU with the kernels on; row-major with the kernel switched off, another
+    dtype, or when asked for float32."""
+    assert isinstance(specjax.load_model("stdlib-draft").params["layers"][0]["wqkv"], PanelMatrix)
+    assert "wq" in specjax.load_model("stdlib-draft", weight_format="float32").params["layers"][0]
+    assert "wq" in specjax.load_model("stdlib-draft", dtype=jnp.bfloat16).params["layers"][0]
+    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
+    assert "wq" in specjax.load_model("stdlib-draft").params["layers"][0]
