@@ -52,8 +52,8 @@ def test_greedy_equals_plain_through_the_gate(target, baselines, name, batch):
 def test_a_higher_threshold_drafts_less(target, baselines):
     case = Case(target, 3, ragged_prompts(3, seed=3), baselines[3])
     drafted = [run("draft_model", case, max_new_tokens=BASELINE_MAX_NEW, draft_confidence_threshold=t)[1]
-               .stats["drafted"] for t in (None, 0.3, 0.6, 1.0)]
-    assert drafted[0] > drafted[1] > drafted[2] > drafted[3] == 0, drafted
+               .stats["drafted"] for t in (None, 0.6, 1.0)]       # one compiled loop per threshold
+    assert drafted[0] > drafted[1] > drafted[2] == 0, drafted
 
 
 def test_sampled_distribution_through_the_gate(target, exact_three, sampled_case):

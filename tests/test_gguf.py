@@ -351,8 +351,7 @@ def test_gguf_blocks_compute_exactly_the_float32_model(q4_1_gguf):
     prompts = [RNG.integers(3, CFG.vocab_size, 20).tolist() * 2, RNG.integers(3, CFG.vocab_size, 9).tolist()]
     plain = specjax.generate(dense, prompts, specjax.SpecConfig(max_new_tokens=24)).tokens
     skip = dict(drafter_options=dict(skip_layers=[1]))
-    for method, opts in (("none", {}), ("ngram", dict(num_speculative_tokens=4)),
-                         ("suffix", dict(num_speculative_tokens=4)), ("lookahead", dict(num_speculative_tokens=16)),
+    for method, opts in (("none", {}), ("ngram", dict(num_speculative_tokens=4)),       # a chain
                          ("layer_skip", dict(num_speculative_tokens=3, **skip)),      # drafts with the fused layers
                          ("layer_skip", dict(num_steps=2, topk=2, num_draft_tokens=4, **skip))):
         cfg = specjax.SpecConfig(method=method, max_new_tokens=24, **opts)

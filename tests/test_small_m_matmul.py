@@ -379,7 +379,7 @@ def test_int8_blocks_refuse_bad_input():
 
 # ------------------------------------------------------------------------------- float32 w in panels (PanelMatrix)
 
-@pytest.mark.parametrize("K,N", [(40, 80), (64, 1536), (2, 16), (96, 960)])
+@pytest.mark.parametrize("K,N", [(40, 80), (64, 1536), (2, 16)])
 def test_panels_equal_the_float32_kernel_on_the_row_major_weights(K, N):
     """Bit for bit, for every M (the row-major kernel's row-major sums at few rows, its strips at more) and thread
     split: the panels hold w's values, summed in the same order."""
@@ -387,7 +387,7 @@ def test_panels_equal_the_float32_kernel_on_the_row_major_weights(K, N):
     panels = PanelMatrix.from_dense(np.asarray(w))
     np.testing.assert_array_equal(np.asarray(panels.dequantize()), np.asarray(w))
     panels = PanelMatrix(jnp.asarray(panels.panels))
-    for M in ROWS:
+    for M in [1, 2, 3, 5, 6, 7, 9, 13, 25, 72]:      # row-major sums, strips of each height, several row blocks
         want = np.asarray(small_m_matmul(x[:M], w))
         for parts in (1, 2, 3):
             np.testing.assert_array_equal(np.asarray(small_m_matmul_panels(x[:M], panels, parts=parts)), want,
