@@ -61,6 +61,10 @@ MAX_ROWS = 192
 MAX_ROWS_TRANSPOSED = 16
 XLA_GEMM_MAX_ROWS = 64
 LANES = 16             # the kernel's column (nn) or K (nt) granule
+# A PanelMatrix product of MAX_ROWS < M <= this many rows runs through the kernel MAX_ROWS rows at a time; more rows
+# take XLA's dot over the row-major values (a 2-core AVX2 CPU, the toy target's forward at 2048 rows: the chunks
+# were 10-15% slower than XLA's GEMM; at a few hundred rows XLA's copy out of the panels dominated).
+PANELS_CHUNKED_MAX_ROWS = 1024
 
 
 def min_rows() -> int:
@@ -391,10 +395,11 @@ def matmul(x: jax.Array, w: jax.Array | PanelMatrix | Q4_1Matrix | Q4_1Int8Matri
     if isinstance(w, (Q4_1Int8Matrix, Q8_0Int8Matrix)):
         return _int8_product(x, w, transposed)
     rows = int(np.prod(x.shape[:-1]))
-    if isinstance(w, PanelMatrix) and rows > MAX_ROWS and applies(
+    if isinstance(w, PanelMatrix) and MAX_ROWS < rows <= PANELS_CHUNKED_MAX_ROWS and applies(
             (MAX_ROWS, x.shape[-1]), w.shape, x.dtype) is None and x.dtype == w.dtype:
         # A prefill: MAX_ROWS rows at a time through the kernel (each row as it would be alone), rather than XLA's
-        # dot over the row-major values, which would copy every matrix out of its panels on every call.
+        # dot over the row-major values, which copies every matrix out of its panels on every call. Past
+        # PANELS_CHUNKED_MAX_ROWS (a training batch) XLA's GEMM is faster per row and the copy is amortized.
         flat = x.reshape(rows, x.shape[-1])
         pieces = [matmul(flat[i:i + MAX_ROWS], w) for i in range(0, rows, MAX_ROWS)]
         return jnp.concatenate(pieces, axis=0).reshape(*x.shape[:-1], -1)
