@@ -87,8 +87,8 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     values, each decoder-layer matrix rearranged for the CPU kernel (cpu_kernels.small_m_matmul.PanelMatrix: each
     half of its rows in 16-column panels, so that a core streams one contiguous block where a row-major matrix puts
     a strip's rows a page apart) and q/k/v and gate/up fused into one product each: the float32 model's logits bit
-    for bit wherever the kernel computes them (a prefill longer than it takes runs XLA's dot over the fused
-    matrices: float32 rounding apart), any model, float32, no mesh; generate(mesh=...) and save_pretrained read
+    for bit wherever the kernel computes them (up to 1024 rows a call: a training batch runs XLA's dot over the
+    fused matrices, float32 rounding apart), any model, float32, no mesh; generate(mesh=...) and save_pretrained read
     the panels back row-major. Or "gguf" for a GGUF file whose decoder-layer matrices are Q4_1 (SmolLM2's): those
     matrices stay in the file's blocks (0.75 bytes per weight instead of 4), q/k/v and gate/up fused, and a Q8_0
     tied embedding also serves as the LM head in its blocks (1.125 bytes; the float32 embedding stays for lookups).
