@@ -150,13 +150,12 @@ class PanelMatrix(NamedTuple):
         K, N = w.shape
         if K % 2 or N % 16:
             raise ValueError(f"a PanelMatrix needs K even and N % 16 == 0, got [{K}, {N}]")
-        return cls(np.ascontiguousarray(w.reshape(2, K // 2, N // 16, 16).transpose(0, 2, 1, 3)))
+        return cls(np.ascontiguousarray(_panels_of(w)))
 
     @classmethod
     def from_dense_traced(cls, w: jax.Array) -> "PanelMatrix":
         """from_dense in jnp (inside a trace: a gradient with respect to w, laid out as w is)."""
-        K, N = w.shape
-        return cls(w.reshape(2, K // 2, N // 16, 16).transpose(0, 2, 1, 3))
+        return cls(_panels_of(w))
 
     @classmethod
     def concatenate(cls, parts: "list[PanelMatrix]") -> "PanelMatrix":
@@ -165,6 +164,12 @@ class PanelMatrix(NamedTuple):
         if len({p.shape[0] for p in parts}) != 1:
             raise ValueError(f"matrices concatenated along N need one K, got {[p.shape for p in parts]}")
         return cls(np.concatenate([np.asarray(p.panels) for p in parts], axis=1))
+
+
+def _panels_of(w):
+    """w [K, N] (numpy or jax) -> [2, N / 16, K / 2, 16]: PanelMatrix's arrangement (unpack_panels undoes it)."""
+    K, N = w.shape
+    return w.reshape(2, K // 2, N // 16, 16).transpose(0, 2, 1, 3)
 
 
 def small_m_matmul_panels(x: jax.Array, w: PanelMatrix, *, parts: int | None = None) -> jax.Array:
