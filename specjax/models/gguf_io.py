@@ -273,6 +273,11 @@ def convert_gguf(path: str | os.PathLike, cache: str) -> str:
         with open(os.path.join(tmp, "SOURCE.json"), "w") as f:
             json.dump({"gguf": path, "key": key}, f)
         os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Another process converted the same file first (os.replace cannot replace a non-empty directory).
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
