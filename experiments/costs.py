@@ -233,26 +233,73 @@ def propose_seconds(drafter, draft_params, model, context: int, sp, reps: int = 
                              budget_s)
 
 
+def _proposal_context(drafter, su: _DrafterSetup, context: int) -> Context:
+    """The Context a step's proposal reads after `context` committed tokens (with the target's cache for a drafter
+    that drafts over it)."""
+    lengths = jnp.full((su.tokens.shape[0],), context, jnp.int32)
+    ctx = Context(su.tokens, lengths, su.prompt_lengths, su.exposed)
+    if shares_target_cache(drafter):
+        ctx = ctx._replace(target_cache=su.prefill.cache.replace(lengths=lengths - 1))
+    return ctx
+
+
+def committed_depth(drafter, draft_params, context: int, sp, su: _DrafterSetup) -> int:
+    """The drafts a step's commit takes at most: a chain's k; for a proposal that is a token tree, the tree's
+    depth (the loop gathers the verify output along the accepted root path, max_depth + 1 positions, before the
+    commit), read from the proposal's shape (jax.eval_shape: traced, not run)."""
+    ctx, keys = _proposal_context(drafter, su, context), jax.random.split(jax.random.PRNGKey(0), su.tokens.shape[0])
+    tree = jax.eval_shape(lambda params, state: drafter.propose(params, state, ctx, keys, sp)[0].tree,
+                          draft_params, su.state)
+    if tree is None:
+        return drafter.k
+    return tree.max_depth if tree.max_depth is not None else tree.tokens.shape[1] - 1
+
+
+def along_deepest_path(tree, out, depth: int):
+    """(the tree's tokens, the target's output over the tree) gathered along a root path `depth` deep (node d:
+    the first node at depth d), as the loop gathers them along the accepted path -> (tokens [B, depth + 1], out)."""
+    path = jnp.argmax(tree.depths[:, None, :] == jnp.arange(depth + 1)[None, :, None], axis=2)    # [B, depth + 1]
+    along = lambda x: jnp.take_along_axis(x, path.reshape(path.shape + (1,) * (x.ndim - 2)), axis=1)
+    return along(tree.tokens), out._replace(logits=along(out.logits), hidden=along(out.hidden),
+                                            layer_hidden=tuple(map(along, out.layer_hidden)))
+
+
+def _commit_inputs(drafter, draft_params, model, context: int, sp, su: _DrafterSetup):
+    """What a step's widest commit reads, computed once: (depth, the verify output along the path [B, depth + 1],
+    the whole pass as Verified). A chain: k random drafts after the last committed token, all accepted. A tree: a
+    proposal's tree, the target's pass over it and its deepest root path."""
+    depth = committed_depth(drafter, draft_params, context, sp, su)
+    keys = jax.random.split(jax.random.PRNGKey(0), su.tokens.shape[0])
+    tree = jax.jit(lambda params, state: drafter.propose(params, state, _proposal_context(drafter, su, context),
+                                                         keys, sp)[0].tree)(draft_params, su.state)
+    if tree is None:
+        verify_in, out = _verify_pass(model, su, context, depth)
+        return depth, out, Verified(verify_in, None, out)
+    lengths = jnp.full((su.tokens.shape[0],), context - 1, jnp.int32)
+    full = forward(model.params, model.config, tree.tokens, su.prefill.cache.replace(lengths=lengths),
+                   depths=tree.depths, mask=tree.mask, hidden_layers=su.layers)
+    return depth, along_deepest_path(tree, full, depth)[1], Verified(tree.tokens, tree.parents, full)
+
+
 def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
                    cache_size: int | None = None, inner: int = 16, budget_s: float | None = None,
                    setup: _DrafterSetup | None = None) -> float:
-    """One drafter.commit call after a chain's verify pass that accepted all k drafts (the widest commit: a
-    drafter that feeds the accepted positions' target features through its own layers, as EAGLE does, feeds k + 1
-    of them), on a context of `context` committed tokens. The target's verify forward is not included
-    (forward_seconds measures it). Tree drafters (drafter.is_tree) commit along a path whose length the step
-    decides: 0.0, not measured. Build the drafter for a buffer of at least context + 2k + 8 slots."""
-    if getattr(drafter, "is_tree", False):
-        return 0.0
-    cfg, k = model.config, drafter.k
+    """One drafter.commit call after a verify pass that accepted every draft it could (the widest commit: a
+    drafter that feeds the accepted positions' target features through its own layers, as EAGLE does, feeds all
+    of them): a chain's k + 1 positions, a token tree's deepest root path (committed_depth + 1 positions, the
+    verify output gathered along it as the loop gathers the accepted path), on a context of `context` committed
+    tokens. The target's verify forward is not included (forward_seconds measures it). Build the drafter for a
+    buffer of at least context + 2k + 8 slots."""
+    cfg = model.config
     su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
-    verify_in, out = _verify_pass(model, su, context, k)
-    lengths = jnp.full((batch,), context + k + 1, jnp.int32)
-    num_accepted = jnp.full((batch,), k, jnp.int32)
+    depth, out, verified = _commit_inputs(drafter, draft_params, model, context, sp, su)
+    lengths = jnp.full((batch,), context + depth + 1, jnp.int32)
+    num_accepted = jnp.full((batch,), depth, jnp.int32)
 
     def one(i, params, state, tokens, exposed, out):
-        ctx = Context(tokens.at[:, context + k].set(i % cfg.vocab_size), lengths, su.prompt_lengths, exposed)
-        return _scalar_of(drafter.commit(params, _depends_on(i, state), ctx, num_accepted, out,
-                                         Verified(verify_in, None, out)))
+        ctx = Context(tokens.at[:, context + depth].set(i % cfg.vocab_size), lengths, su.prompt_lengths, exposed)
+        whole = verified if verified.parents is not None else verified._replace(out=out)      # a chain: the same
+        return _scalar_of(drafter.commit(params, _depends_on(i, state), ctx, num_accepted, out, whole))
 
     return _per_call_seconds(one, (draft_params, su.state, su.tokens, su.exposed, out), inner, reps, budget_s)
 
@@ -283,22 +330,24 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
                          implementation: str = "xla", setup: _DrafterSetup | None = None,
                          beside: Mapping[str, Callable[[], Any]] | None = None) -> InTurn:
     """One speculative step's model work, run in turn as the decode loop runs it: the drafter's proposal, the
-    target's verify forward over it (a chain's k + 1 positions, a tree's nodes), then (chains) the drafter's commit
-    after all k drafts were accepted; `inner` steps chained in one compiled loop, each proposal reading what the
-    last verify gave. Timed side by side with the drafter's part alone and the verify alone (the same loops less
-    the other model). Left out is the loop's own work (acceptance, committing tokens, statistics), so the loop's
-    step over `in_turn` is the engine's overhead, and `in_turn` over drafter + verify is what taking turns costs:
-    where the weights fit in the caches (the toy), each model evicts the other's. Tree drafters' commits are left
-    out (commit_seconds says why). beside: other calls timed in the same rounds (e.g. the decode loop itself, whose
-    step is then compared with `in_turn` measured in the same spells of a shared machine). Build the drafter for a
-    buffer of at least context + 2k + 8 slots."""
+    target's verify forward over it (a chain's k + 1 positions, a tree's nodes), then the drafter's commit after
+    every draft it could was accepted (a chain's k; a tree's deepest path, the verify output gathered along a root
+    path of that depth, as the loop gathers the accepted one); `inner` steps chained in one compiled loop, each
+    proposal reading what the last verify gave. Timed side by side with the drafter's part alone and the verify
+    alone (the same loops less the other model). Left out is the loop's own work (acceptance, a tree's path
+    gathers and KV compaction, committing tokens, statistics), so the loop's step over `in_turn` is the engine's
+    overhead, and `in_turn` over drafter + verify is what taking turns costs: where the weights fit in the caches
+    (the toy), each model evicts the other's. beside: other calls timed in the same rounds (e.g. the decode loop
+    itself, whose step is then compared with `in_turn` measured in the same spells of a shared machine). Build the
+    drafter for a buffer of at least context + 2k + 8 slots."""
     cfg, k = model.config, drafter.k
     su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     lengths = jnp.full((batch,), context, jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), batch)
     shares = shares_target_cache(drafter)
-    commit_lengths, all_accepted = lengths + k + 1, jnp.full((batch,), k, jnp.int32)
-    fixed_in, fixed_out = _verify_pass(model, su, context, k)       # what the drafter alone commits after
+    depth, path_out, whole = _commit_inputs(drafter, draft_params, model, context, sp, su)   # the drafter alone
+    commit_lengths, all_accepted = lengths + depth + 1, jnp.full((batch,), depth, jnp.int32)  # commits after these
+    fixed_in, _ = _verify_pass(model, su, context, k)               # the verify alone feeds a chain of k + 1
 
     def step(i, carry, with_drafter, with_verify):
         last, state, cache = carry
@@ -322,13 +371,16 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
                           **({} if tree is None else dict(depths=tree.depths, mask=tree.mask)))
             cache = out.cache.replace(lengths=cache.lengths)
             last = (out.logits[0, -1, 0] > 0).astype(jnp.int32)    # the next step reads this verify
+            seen = Verified(verify_in, None if tree is None else tree.parents, out)
+            if tree is not None:
+                out = along_deepest_path(tree, out, depth)[1]
         else:            # the drafts feed the next step (or XLA drops an unread proposal), the commit reads the
             last = verify_in[0, -1] % 2      # fixed output made to depend on the step (or XLA hoists it)
-            out, verify_in = fixed_out._replace(**_depends_on(i, dict(
-                logits=fixed_out.logits, hidden=fixed_out.hidden, layer_hidden=fixed_out.layer_hidden))), fixed_in
-        if with_drafter and tree is None:
-            state = drafter.commit(draft_params, state, ctx._replace(length=commit_lengths), all_accepted, out,
-                                   Verified(verify_in, None, out))
+            out = path_out._replace(**_depends_on(i, dict(
+                logits=path_out.logits, hidden=path_out.hidden, layer_hidden=path_out.layer_hidden)))
+            seen = whole if whole.parents is not None else whole._replace(out=out)
+        if with_drafter:
+            state = drafter.commit(draft_params, state, ctx._replace(length=commit_lengths), all_accepted, out, seen)
             if not with_verify:
                 last = last + _scalar_of(state).astype(jnp.int32) % 2
         return last, state, cache

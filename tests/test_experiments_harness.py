@@ -117,7 +117,8 @@ def test_forward_costs_side_by_side(target, monkeypatch):
 
 def test_drafter_step_cost_counts_the_commit(target):
     """EAGLE-3's commit (its layer over the k + 1 verified positions) is measured beside its proposal; a drafter
-    whose commit returns its state untouched costs ~nothing there, and a tree drafter's commit is not measured."""
+    whose commit returns its state untouched costs ~nothing there; a tree drafter's commit is measured along a path
+    as deep as its tree (EAGLE-2's layer over it: as costly as a chain's commit of that depth, not free)."""
     ids = ragged_prompts(1, seed=3)
     timing = dict(reps=3, inner=4)
 
@@ -131,16 +132,23 @@ def test_drafter_step_cost_counts_the_commit(target):
     p = prepared("ngram")
     assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) < commit / 4
     p = prepared("eagle2-dynamic_tree")
-    assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) == 0.0
+    su = costs.drafter_setup(p.drafter, p.draft_params, target, 16, p.config.sampling, 1, None)
+    assert costs.committed_depth(p.drafter, p.draft_params, 16, p.config.sampling, su) == p.drafter.num_steps
+    tree_commit = costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, setup=su, **timing)
+    assert tree_commit > 0
+    p = prepared("eagle3", k=p.drafter.num_steps)
+    assert costs.committed_depth(p.drafter, p.draft_params, 16, p.config.sampling,
+                                 costs.drafter_setup(p.drafter, p.draft_params, target, 16, p.config.sampling, 1,
+                                                     None)) == p.drafter.k
 
 
 def test_step_in_turn_runs_every_kind_of_drafter_beside_other_calls(target):
     """The drafter's and the target's work of one step, run in turn: a chain drafter with a commit (EAGLE-3), a tree
-    drafter (no commit) and one that drafts over the target's cache (layer skip) each give the three programs'
-    times; a call timed beside them is called once per round after its warm-up and its time returned."""
+    drafter (its commit along a path as deep as the tree), one that drafts over the target's cache (layer skip) and
+    one whose commit reads the whole verified pass of its token tree (lookahead) each give the three programs' times; a call timed beside them is called once per round after its warm-up and its time returned."""
     ids = ragged_prompts(1, seed=3)
     calls = []
-    for name in ("eagle3", "eagle2-dynamic_tree", "layer_skip"):
+    for name in ("eagle3", "eagle2-dynamic_tree", "layer_skip", "lookahead"):
         fields, artifact = FACTORIES[name](Case(target, 3, ids, []))
         p = api.prepare(target, ids, SpecConfig(max_new_tokens=8, **fields), artifact)
         beside = {"loop": lambda: calls.append(name) or len(calls)} if name == "eagle3" else None

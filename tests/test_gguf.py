@@ -4,6 +4,7 @@ metadata; clear errors for what is not read."""
 import dataclasses
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -268,6 +269,33 @@ def test_load_model_converts_once_into_the_cache(toy, tmp_path, monkeypatch):
     assert model.name == "toy"
     assert not [d for d in os.listdir(os.path.dirname(out)) if d.startswith(".converting")]
     np.testing.assert_array_equal(np.asarray(model.params["embed"]), np.asarray(again.params["embed"]))
+
+
+def test_a_concurrent_conversion_of_the_same_file_is_used(toy, tmp_path, monkeypatch):
+    """Two processes (two test workers) converting one file: the one that renames second finds the first's
+    directory in place (os.replace cannot replace a non-empty directory) and uses it; any other failure raises."""
+    import specjax.models.gguf_io as gguf_io
+    path = tmp_path / "toy.gguf"
+    write_gguf(path, toy, CFG, Q.Q8_0, tokenizer=byte_bpe_tokenizer())
+    first = convert_gguf(path, os.fspath(tmp_path / "first"))
+    replace = os.replace
+
+    def racing_replace(src, dst):                # the other converter renames its directory first
+        shutil.copytree(first, dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(gguf_io.os, "replace", racing_replace)
+    out = convert_gguf(path, os.fspath(tmp_path / "cache"))
+    assert sorted(os.listdir(out)) == sorted(os.listdir(first))
+    assert not [d for d in os.listdir(os.path.dirname(out)) if d.startswith(".converting")]
+
+    def failing_replace(src, dst):               # no other converter: the error stands
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf_io.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        convert_gguf(path, os.fspath(tmp_path / "other"))
+    assert not [d for d in os.listdir(tmp_path / "other" / "gguf") if d.startswith(".converting")]
 
 
 def test_errors_name_the_problem(toy, tmp_path):
