@@ -243,42 +243,54 @@ def _proposal_context(drafter, su: _DrafterSetup, context: int) -> Context:
     return ctx
 
 
-def committed_depth(drafter, draft_params, context: int, sp, su: _DrafterSetup) -> int:
-    """The drafts a step's commit takes at most: a chain's k; for a proposal that is a token tree, the tree's
-    depth (the loop gathers the verify output along the accepted root path, max_depth + 1 positions, before the
-    commit), read from the proposal's shape (jax.eval_shape: traced, not run)."""
-    ctx, keys = _proposal_context(drafter, su, context), jax.random.split(jax.random.PRNGKey(0), su.tokens.shape[0])
-    tree = jax.eval_shape(lambda params, state: drafter.propose(params, state, ctx, keys, sp)[0].tree,
-                          draft_params, su.state)
-    if tree is None:
-        return drafter.k
+def _proposed_tree(drafter, draft_params, context: int, sp, su: _DrafterSetup):
+    """The token tree of one proposal after `context` committed tokens (None: the drafter proposes a chain)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), su.tokens.shape[0])
+    ctx = _proposal_context(drafter, su, context)
+    return jax.jit(lambda params, state: drafter.propose(params, state, ctx, keys, sp)[0].tree)(draft_params,
+                                                                                                su.state)
+
+
+def _tree_depth(tree) -> int:
+    """A token tree's depth: the loop gathers the verify output along the accepted root path, max_depth + 1
+    positions, before the commit."""
     return tree.max_depth if tree.max_depth is not None else tree.tokens.shape[1] - 1
 
 
-def along_deepest_path(tree, out, depth: int):
-    """(the tree's tokens, the target's output over the tree) gathered along a root path `depth` deep (node d:
-    the first node at depth d), as the loop gathers them along the accepted path -> (tokens [B, depth + 1], out)."""
+def _depth(tree, k: int) -> int:
+    """The drafts a step's commit takes at most: a chain's k (tree None), a tree's depth."""
+    return k if tree is None else _tree_depth(tree)
+
+
+def committed_depth(drafter, draft_params, context: int, sp, su: _DrafterSetup) -> int:
+    """The drafts a step's commit takes at most after `context` committed tokens: a chain's k, a token tree's
+    depth."""
+    return _depth(_proposed_tree(drafter, draft_params, context, sp, su), drafter.k)
+
+
+def along_deepest_path(tree, out):
+    """The target's output over the tree gathered along a root path as deep as the tree (node d: the first node at
+    depth d), as the loop gathers it along the accepted path: [B, depth + 1] positions."""
+    depth = _tree_depth(tree)
     path = jnp.argmax(tree.depths[:, None, :] == jnp.arange(depth + 1)[None, :, None], axis=2)    # [B, depth + 1]
     along = lambda x: jnp.take_along_axis(x, path.reshape(path.shape + (1,) * (x.ndim - 2)), axis=1)
-    return along(tree.tokens), out._replace(logits=along(out.logits), hidden=along(out.hidden),
-                                            layer_hidden=tuple(map(along, out.layer_hidden)))
+    return out._replace(logits=along(out.logits), hidden=along(out.hidden),
+                        layer_hidden=tuple(map(along, out.layer_hidden)))
 
 
 def _commit_inputs(drafter, draft_params, model, context: int, sp, su: _DrafterSetup):
     """What a step's widest commit reads, computed once: (depth, the verify output along the path [B, depth + 1],
     the whole pass as Verified). A chain: k random drafts after the last committed token, all accepted. A tree: a
     proposal's tree, the target's pass over it and its deepest root path."""
-    depth = committed_depth(drafter, draft_params, context, sp, su)
-    keys = jax.random.split(jax.random.PRNGKey(0), su.tokens.shape[0])
-    tree = jax.jit(lambda params, state: drafter.propose(params, state, _proposal_context(drafter, su, context),
-                                                         keys, sp)[0].tree)(draft_params, su.state)
+    tree = _proposed_tree(drafter, draft_params, context, sp, su)
+    depth = _depth(tree, drafter.k)
     if tree is None:
         verify_in, out = _verify_pass(model, su, context, depth)
         return depth, out, Verified(verify_in, None, out)
     lengths = jnp.full((su.tokens.shape[0],), context - 1, jnp.int32)
     full = forward(model.params, model.config, tree.tokens, su.prefill.cache.replace(lengths=lengths),
                    depths=tree.depths, mask=tree.mask, hidden_layers=su.layers)
-    return depth, along_deepest_path(tree, full, depth)[1], Verified(tree.tokens, tree.parents, full)
+    return depth, along_deepest_path(tree, full), Verified(tree.tokens, tree.parents, full)
 
 
 def commit_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
@@ -373,7 +385,7 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
             last = (out.logits[0, -1, 0] > 0).astype(jnp.int32)    # the next step reads this verify
             seen = Verified(verify_in, None if tree is None else tree.parents, out)
             if tree is not None:
-                out = along_deepest_path(tree, out, depth)[1]
+                out = along_deepest_path(tree, out)
         else:            # the drafts feed the next step (or XLA drops an unread proposal), the commit reads the
             last = verify_in[0, -1] % 2      # fixed output made to depend on the step (or XLA hoists it)
             out = path_out._replace(**_depends_on(i, dict(
