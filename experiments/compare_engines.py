@@ -5,6 +5,9 @@
       --batch_sizes=1,8,32,64 --methods=plain --num_prompts=1
   python -m experiments.compare_engines --engines=specjax,transformers --targets=random:30m,random:110m \
       --methods=plain --prompts=random --num_prompts=1 --rounds=3 --verify_curve        # `make bench`
+  python -m experiments.compare_engines --engines=specjax,vllm --vllm_python=vllm-venv/bin/python \
+      --targets=smollm2-135m --draft= --eagle3=smollm2-135m-eagle3 --methods=plain,ngram,eagle3 --k=3 \
+      --prompts=sharegpt --num_prompts=4          # a drafter on its own domain: chats in the target's template
 
 The engines are experiments.engines' adapters (specjax; transformers: plain generate(), assisted generation,
 prompt lookup, batch 1; vLLM's CPU build, plain, in its own interpreter); a method an engine does not run, or a
@@ -53,7 +56,8 @@ from specjax.models import model_directory
 from experiments.costs import fastest_alternating, forward_seconds
 from experiments.engines import (ENGINES, METHODS, Engine, Method, SpecjaxEngine, VllmEngine, build_random_target,
                                  first_difference, top2)
-from experiments.prompts import humaneval_prompts
+from experiments.harness import prompt_ids
+from experiments.prompts import humaneval_prompts, load_prompt_set
 from experiments.tables import text_table, write_table
 
 FLAGS = flags.FLAGS
@@ -242,11 +246,7 @@ def main(argv):
                 drafters = {m: d for m, d in (("draft_model", model_directory(FLAGS.draft) if FLAGS.draft else None),
                                               ("eagle3", FLAGS.eagle3 or None)) if d}
             model = specjax.load_model(target_dir)              # tokenizer, vocabulary, weight bytes
-            if FLAGS.prompts == "humaneval":
-                prompts = [model.tokenize(t) for t in humaneval_prompts(164)]
-            else:
-                rng = np.random.default_rng(0)
-                prompts = rng.integers(1, model.config.vocab_size, (FLAGS.num_prompts, FLAGS.prompt_len)).tolist()
+            prompts = engine_prompts(model, FLAGS.prompts, max(FLAGS.num_prompts, *batch_sizes), FLAGS.prompt_len)
             batches = {B: call_batches(prompts, B, FLAGS.num_prompts) for B in batch_sizes}
             longest = max(len(p) for calls in batches.values() for c in calls for p in c)
             methods = [Method(m, FLAGS.max_new_tokens, FLAGS.k, FLAGS.prompt_lookup_max) for m in FLAGS.methods
@@ -293,6 +293,18 @@ def main(argv):
         write_table(curve_rows, FLAGS.out + "_verify_curve", meta=meta)
 
 
+def engine_prompts(model, name: str, n: int, prompt_len: int = 32) -> list[list[int]]:
+    """The token ids every engine gets: HumanEval's raw prompts (all 164, cycled by call_batches), n random
+    prompts of prompt_len ids, or the first n of a named set (experiments.prompts.load_prompt_set; chats in the
+    target's chat template, as generate() encodes them)."""
+    if name == "humaneval":
+        return [model.tokenize(t) for t in humaneval_prompts(164)]
+    if name == "random":
+        rng = np.random.default_rng(0)
+        return rng.integers(1, model.config.vocab_size, (n, prompt_len)).tolist()
+    return [prompt_ids(model, p) for p in load_prompt_set(name, n, model.tokenizer)]
+
+
 def define_flags() -> None:
     """Defined only when run as a program, so that tests can import this module beside other entry points."""
     flags.DEFINE_list("engines", ["specjax", "transformers"], f"engines to compare ({', '.join(ENGINES)}); the first "
@@ -305,7 +317,9 @@ def define_flags() -> None:
     flags.DEFINE_list("methods", list(METHODS), f"methods ({', '.join(METHODS)})")
     flags.DEFINE_list("batch_sizes", ["1"], "rows per call")
     flags.DEFINE_integer("num_prompts", 10, "prompts per batch size (cut into calls of B rows; at least one call)")
-    flags.DEFINE_enum("prompts", "humaneval", ["humaneval", "random"], "prompt set: HumanEval, or random token ids")
+    flags.DEFINE_string("prompts", "humaneval", "prompt set: humaneval (raw code prompts), random (token ids), or "
+                        "any set experiments.prompts.load_prompt_set names (sharegpt, humaneval_chat, grounded: chats "
+                        "in the target's template; a .json file)")
     flags.DEFINE_integer("prompt_len", 32, "tokens per random prompt")
     flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (EOS ignored)")
     flags.DEFINE_integer("k", 4, "drafted tokens per step (both speculative methods, every engine)")

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from experiments.compare_engines import call_batches, compare
+from experiments.compare_engines import call_batches, compare, engine_prompts
 from experiments.engines import Generation, Method, SpecjaxEngine, TransformersEngine, VllmEngine
 
 
@@ -74,6 +74,24 @@ def test_batches_cycle_the_prompts():
     assert call_batches(prompts, 1, 2) == [[[1]], [[2]]]
     assert call_batches(prompts, 2, 4) == [[[1], [2]], [[3], [1]]]
     assert call_batches(prompts, 8, 4) == [[[1], [2], [3], [1], [2], [3], [1], [2]]]     # at least one call
+
+
+def test_engine_prompts_are_the_token_ids_generate_would_feed(tmp_path):
+    """HumanEval stays its raw prompts; a named set or a JSON file goes through generate()'s encoding (token ids
+    as given, text through the tokenizer); random ids have the asked shape; an unknown set is named."""
+    import json
+    import specjax
+    from experiments.harness import prompt_ids
+    from experiments.prompts import humaneval_prompts
+    model = specjax.load_model("stdlib-target")
+    assert engine_prompts(model, "humaneval", 2)[:2] == [model.tokenize(t) for t in humaneval_prompts(2)]
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([[5, 6, 7], "def add(a, b):", [9]]))
+    assert engine_prompts(model, str(path), 2) == [[5, 6, 7], prompt_ids(model, "def add(a, b):")]
+    ids = engine_prompts(model, "random", 3, prompt_len=5)
+    assert len(ids) == 3 and {len(p) for p in ids} == {5}
+    with pytest.raises(ValueError, match="unknown prompt set 'nope'"):
+        engine_prompts(model, "nope", 1)
 
 
 def test_vllm_engine_without_its_python_says_what_to_set():
