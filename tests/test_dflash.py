@@ -241,3 +241,43 @@ def test_trees_come_from_the_block_top_tokens():
     with pytest.raises(ValueError, match="top-62 tokens of a block position"):
         specjax.generate(target, [[1, 2, 3, 4, 5]], SpecConfig(method="dflash", num_steps=2, topk=62,
                                                                 num_draft_tokens=5), drafter=w)
+
+
+def test_init_drafter_continues_a_saved_drafter_and_refuses_another(tmp_path):
+    """train.dflash --init_drafter: a saved drafter comes back as float32 params equal to what was saved (bfloat16
+    values) with its own draft vocabulary; one whose config is not what the flags ask for is refused by name.
+    In a subprocess: importing a recipe defines its absl flags, which another recipe's import would repeat."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    target = tiny_model(0)
+    w = _weights(target, draft_vocab=np.arange(0, 61, 2))
+    dflash.save(str(tmp_path / "d"), w, target, "# test drafter\n")            # bfloat16, as shipped
+    np.savez(tmp_path / "want.npz", d2t=w.d2t, **{f"p{i}": np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+                                                 for i, x in enumerate(jax.tree_util.tree_leaves(w.params))})
+    script = textwrap.dedent(f"""
+        import dataclasses, jax, numpy as np
+        from specjax.drafters import dflash
+        from train.dflash import saved_drafter
+        from tiny import tiny_model
+        target = tiny_model(0)
+        want = np.load({str(tmp_path / 'want.npz')!r})
+        cfg = dflash.dflash_config(target, num_layers=2, block_size=5, target_layers=(0, 1), draft_vocab_size=31)
+        got, d2t = saved_drafter({str(tmp_path / 'd')!r}, target, cfg)
+        assert np.array_equal(d2t, want["d2t"])
+        leaves = jax.tree_util.tree_leaves(got)
+        assert all(x.dtype == np.float32 for x in leaves)
+        assert all(np.array_equal(np.asarray(x), want[f"p{{i}}"]) for i, x in enumerate(leaves))
+        try:
+            saved_drafter({str(tmp_path / 'd')!r}, target, dataclasses.replace(cfg, block_size=8))
+        except ValueError as e:
+            assert "the flags ask for" in str(e), e
+        else:
+            raise AssertionError("accepted another config")
+        print("ok")
+    """)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]), JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]

@@ -56,6 +56,15 @@ drafter=<this dir>)), stored as bfloat16.
 """
 
 
+def saved_drafter(path: str, target, cfg: dflash.DFlashConfig) -> tuple[dict, np.ndarray | None]:
+    """--init_drafter: (float32 params, draft vocabulary d2t) of a saved DFlash drafter of the config the flags
+    ask for (its draft vocabulary kept: its LM head's columns are those tokens)."""
+    weights = dflash.load(path, target)
+    if weights.config != cfg:
+        raise ValueError(f"--init_drafter {path} is {weights.config}; the flags ask for {cfg}")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), weights.params), weights.d2t
+
+
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
@@ -69,14 +78,19 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     if bad:
         raise ValueError(f"--target_layers {bad} out of range: the target has {tcfg.num_layers} decoder layers")
     batches = skeleton.feature_batches(run, batches, cfg.target_layers)
-    params = dflash.init_params(jax.random.PRNGKey(F.seed), cfg)
-    params["mask_embed"] = jnp.mean(jnp.asarray(target.params["embed"], jnp.float32), 0)
-    params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
     d2t, cov = None, {}
-    if F.draft_vocab_size:
-        d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, F.draft_vocab_size)
-        params["lm_head"] = jnp.asarray(target_weight(target.params, "lm_head"), jnp.float32)[
-            :, draft_to_target(d2t)]
+    if F.init_drafter:
+        params, d2t = saved_drafter(F.init_drafter, target, cfg)
+        if d2t is not None:
+            cov = data.vocabulary_coverage(d2t, rows, heldout, prompt_len, tcfg.vocab_size)
+    else:
+        params = dflash.init_params(jax.random.PRNGKey(F.seed), cfg)
+        params["mask_embed"] = jnp.mean(jnp.asarray(target.params["embed"], jnp.float32), 0)
+        params["final_norm"] = jnp.asarray(target.params["final_norm"], jnp.float32)
+        if F.draft_vocab_size:
+            d2t, cov = data.draft_vocabulary(rows, heldout, prompt_len, tcfg.vocab_size, F.draft_vocab_size)
+            params["lm_head"] = jnp.asarray(target_weight(target.params, "lm_head"), jnp.float32)[
+                :, draft_to_target(d2t)]
     n = F.eval_steps
     if n > F.block_size - 1:
         raise ValueError(f"--eval_steps={n} scores more drafts than a block of {F.block_size} holds")
@@ -86,6 +100,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
         return self_distill.chain_eval(count, params, heldout, n_greedy, n, max_tokens)
 
+    vocab_source = ("those of the drafter this run continued" if F.init_drafter else
+                    "the most frequent label tokens of the training rows")
+
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -93,9 +110,11 @@ def build(run: skeleton.Run) -> skeleton.Parts:
             target=F.target, layers=cfg.num_layers, H=cfg.hidden_size, heads=cfg.num_heads, kv=cfg.num_kv_heads,
             I=cfg.intermediate_size, n_params=n_params, bs=cfg.block_size, k=cfg.block_size - 1,
             tl=list(cfg.target_layers), rows=len(batches.rows), data=F.data, anchors=F.anchors_per_row,
-            vocab=(f"Draft vocabulary: the {cfg.draft_vocab_size} most frequent label tokens of the training "
-                   f"rows (coverage of label tokens: train {cov['train']:.3f}, held-out {cov['heldout']:.3f})."
-                   if d2t is not None else "Drafts over the target's whole vocabulary through its LM head."),
+            vocab=(f"Draft vocabulary: {cfg.draft_vocab_size} tokens, {vocab_source} (coverage of label tokens: "
+                   f"train {cov['train']:.3f}, held-out {cov['heldout']:.3f})."
+                   if d2t is not None else "Drafts over the target's whole vocabulary through its LM head.")
+                  + (f"\nContinued from the drafter saved at {F.init_drafter} (--init_drafter: its weights and draft "
+                     "vocabulary; a fresh optimizer and schedule)." if F.init_drafter else ""),
             decay=F.position_decay, eval_rows=record.get("heldout_rows"), n=n,
             acc=", ".join(f"{record[f'heldout_acc{i}']:.3f}" for i in range(n)),
             chain=", ".join(f"{record[f'heldout_chain{i}']:.3f}" for i in range(n)),
@@ -114,7 +133,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 
 
 RECIPE = skeleton.Recipe(
-    "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True, length_pool=True,
+    "dflash", build, frozen_target="checkpoints/stdlib-target", feature_cache=True, length_pool=True, init_drafter="",
     run_flags=("block_size", "draft_layers", "target_layers", "anchors_per_row", "position_decay", "num_train",
                "data", "draft_vocab_size"),
     curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_acc0"),

@@ -72,9 +72,6 @@ flags.DEFINE_bool("fc_identity", True, "--warm_start: also start fc as the ident
                   "position earlier; --nofc_identity starts fc at N(0, 0.02) (the EAGLE-3 reference's init)")
 flags.DEFINE_bool("parallel_drafting", False, "P-EAGLE: drafts 2..k from one forward over learned mask inputs "
                   "(trained as the training-time test with those inputs at steps > 0; --ttt_steps = the depths)")
-flags.DEFINE_string("init_drafter", None, "continue from this saved drafter: its config must be what the flags ask "
-                    "for (an EAGLE-3 drafter may start a --parallel_drafting one: fresh mask inputs are added); it "
-                    "keeps its draft vocabulary; the optimizer and the schedule start afresh")
 flags.DEFINE_integer("eval_steps", 4, "held-out metric: steps the drafter is unrolled for")
 flags.DEFINE_integer("num_train", 2048, "self-distillation continuations (train.self_distill)")
 flags.DEFINE_enum("data", "corpus", self_distill.DATA_SOURCES, self_distill.DATA_HELP)
@@ -83,7 +80,7 @@ flags.DEFINE_bool("export_published", False, "also write the weights in the publ
 
 RUN_FLAGS = ("kind", "draft_vocab_size", "target_layers", "ttt_steps", "step_decay", "noise", "reg_weight",
              "ce_weight", "draft_hidden", "draft_intermediate", "draft_heads", "draft_kv_heads", "warm_start",
-             "fc_identity", "fc_norm", "norm_output", "parallel_drafting", "num_train", "data", "init_drafter")
+             "fc_identity", "fc_norm", "norm_output", "parallel_drafting", "num_train", "data")
 DEFAULT_TTT = {"eagle": 1, "eagle3": 7}
 DEFAULT_NOISE = {"eagle": 0.1, "eagle3": 0.0}
 DEFAULT_STEPS = {"eagle": 450, "eagle3": 200}   # ~10-12 CPU minutes at batch 8 (EAGLE-3 with --ttt_steps=3)
@@ -284,7 +281,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
 def recipe(kind: str) -> skeleton.Recipe:
     return skeleton.Recipe(
         kind, build, frozen_target="checkpoints/stdlib-target", run_flags=RUN_FLAGS, feature_cache=True,
-        length_pool=True,
+        length_pool=True, init_drafter="an EAGLE-3 drafter may start a --parallel_drafting one: fresh mask inputs "
+                                       "are added",
         curve_metrics=("heldout_accept_len", "heldout_accept_len_greedy", "heldout_accept_len_sampled"),
         defaults=dict(steps=DEFAULT_STEPS[kind], lr=1e-3, batch_size=8, seq_len=255, warmup=30, weight_decay=0.0, eval_every=100,
                       eval_tokens=16384, log_every=10, ckpt_dir=f"runs/{kind}_ckpt",

@@ -131,11 +131,13 @@ class Recipe:
                                        # --feature_cache flag (feature_batches)
     length_pool: bool = False          # the recipe trains on self-distilled rows (self_distill.recipe_data): it
                                        # gets the --length_pool flag (chat rows batched by length)
+    init_drafter: str | None = None    # the recipe can continue a saved drafter: it gets the --init_drafter flag,
+                                       # and this is what its help adds for the recipe ("" for nothing)
 
     def all_run_flags(self) -> tuple[str, ...]:
         return (*SHARED_RUN_FLAGS, *(("target",) if self.frozen_target else ("vocab_size", "tokenizer")),
                 *(("feature_cache",) if self.feature_cache else ()), *(("length_pool",) if self.length_pool else ()),
-                *self.run_flags)
+                *(("init_drafter",) if self.init_drafter is not None else ()), *self.run_flags)
 
 
 def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> None:
@@ -167,6 +169,10 @@ def main(recipe: Recipe) -> None:
         flags.DEFINE_integer("length_pool", 0, "chat rows: batch rows of similar length, sorting each run of this "
                              "many batches of the shuffled rows by length (a batch is cut to its longest row); 0: "
                              "random batches")
+    if recipe.init_drafter is not None:
+        flags.DEFINE_string("init_drafter", None, "continue from this saved drafter: its config must be what the "
+                            "flags ask for; it keeps its draft vocabulary; the optimizer and the schedule start "
+                            "afresh" + (f" ({recipe.init_drafter})" if recipe.init_drafter else ""))
     if not recipe.feature_cache:
         flags.DEFINE_integer("vocab_size", recipe.defaults.get("vocab_size", 4096), "BPE vocab size")
         flags.DEFINE_string("tokenizer", recipe.defaults.get("tokenizer"), "reuse this tokenizer.json (e.g. a "
