@@ -225,7 +225,6 @@ def test_trees_come_from_the_block_top_tokens():
     draft, _ = dynamic.propose(w.params, cache, ctx, keys, SamplingParams())
     tree = draft.tree
     parents, tokens = np.asarray(tree.parents), np.asarray(tree.tokens)
-    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
     greedy = chain.propose(w.params, cache, ctx, keys, SamplingParams())[0].tokens
     for b in range(B):
         child = [n for n in range(1, 6) if parents[b, n] == 0]
