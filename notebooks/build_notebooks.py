@@ -151,7 +151,8 @@ are the plain tokens, token for token.
 This notebook installs specjax (on Colab, from the `INSTALL_SOURCE` you set), picks the backend, loads the shipped
 4M-parameter target `stdlib-target` (a Llama trained on the Python standard library's source), decodes the same
 prompts with each drafter family, checks that every output equals plain greedy decoding, and tabulates the
-acceptance statistics. The defaults are small (CI runs this notebook on a CPU); the comments in the next cell give
+acceptance statistics; then the same on the real target, SmolLM2-135M-Instruct, with the drafters trained for it.
+The defaults are small (CI runs this notebook on a CPU); the comments in the next cell give
 Colab-scale values.
 '''),
     parameters(r'''
