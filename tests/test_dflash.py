@@ -244,7 +244,8 @@ def test_trees_come_from_the_block_top_tokens():
 
 def test_init_drafter_continues_a_saved_drafter_and_refuses_another(tmp_path):
     """train.dflash --init_drafter: a saved drafter comes back as float32 params equal to what was saved (bfloat16
-    values) with its own draft vocabulary; one whose config is not what the flags ask for is refused by name.
+    values) with its own draft vocabulary, also where it stored its norm epsilon as a float32 image; one whose
+    config is not what the flags ask for is refused by name.
     In a subprocess: importing a recipe defines its absl flags, which another recipe's import would repeat."""
     import os
     import subprocess
@@ -252,7 +253,10 @@ def test_init_drafter_continues_a_saved_drafter_and_refuses_another(tmp_path):
     import textwrap
     target = tiny_model(0)
     w = _weights(target, draft_vocab=np.arange(0, 61, 2))
-    dflash.save(str(tmp_path / "d"), w, target, "# test drafter\n")            # bfloat16, as shipped
+    # saved with its norm epsilon as a float32 image (as a drafter for a GGUF target once stored it): the same config
+    f32_image = dataclasses.replace(w.config, rms_norm_eps=float(np.float32(w.config.rms_norm_eps)))
+    assert f32_image.rms_norm_eps != w.config.rms_norm_eps
+    dflash.save(str(tmp_path / "d"), dataclasses.replace(w, config=f32_image), target, "# test drafter\n")  # bf16
     np.savez(tmp_path / "want.npz", d2t=w.d2t, **{f"p{i}": np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
                                                  for i, x in enumerate(jax.tree_util.tree_leaves(w.params))})
     script = textwrap.dedent(f"""

@@ -49,6 +49,7 @@ from specjax.drafters import artifacts
 from specjax.drafters.base import Context, block_draft, last_tokens, target_weight
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
+from specjax.models.config import float32_decimal
 from specjax.models.llama import apply_rope, rms_norm
 from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec, draft_depth
@@ -85,6 +86,8 @@ class DFlashConfig:
     def from_dict(cls, d: dict) -> "DFlashConfig":
         d = dict(d)
         d["target_layers"] = tuple(d["target_layers"])
+        if "rms_norm_eps" in d:        # one stored as its float32 image (9.999999747e-06) is the same setting as 1e-05
+            d["rms_norm_eps"] = float32_decimal(d["rms_norm_eps"])
         return cls(**d)
 
 
