@@ -247,10 +247,8 @@ def test_init_drafter_continues_a_saved_drafter_and_refuses_another(tmp_path):
     values) with its own draft vocabulary, also where it stored its norm epsilon as a float32 image; one whose
     config is not what the flags ask for is refused by name.
     In a subprocess: importing a recipe defines its absl flags, which another recipe's import would repeat."""
-    import os
-    import subprocess
-    import sys
     import textwrap
+    from workers import run_snippet
     target = tiny_model(0)
     w = _weights(target, draft_vocab=np.arange(0, 61, 2))
     # saved with its norm epsilon as a float32 image (as a drafter for a GGUF target once stored it): the same config
@@ -280,7 +278,4 @@ def test_init_drafter_continues_a_saved_drafter_and_refuses_another(tmp_path):
             raise AssertionError("accepted another config")
         print("ok")
     """)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]), JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    run_snippet(script)

@@ -138,10 +138,8 @@ def test_init_drafter_continues_from_a_saved_drafter_and_refuses_another(tiny, t
     name (an EAGLE-3 drafter may start a P-EAGLE one: its mask inputs are added), and one that stored its norm
     epsilon as a float32 image (9.999999747e-06 for 1e-05) is the same config.
     In a subprocess: importing a recipe defines its absl flags, which another recipe's import would repeat."""
-    import os
-    import subprocess
-    import sys
     import textwrap
+    from workers import run_snippet
     cfg, d2t = config_for(tiny, "eagle3")
     params = eagle.init_params(jax.random.PRNGKey(1), cfg)
     f32_image = dataclasses.replace(cfg, layer=dataclasses.replace(
@@ -176,7 +174,4 @@ def test_init_drafter_continues_from_a_saved_drafter_and_refuses_another(tiny, t
             raise AssertionError("accepted another config")
         print("ok")
     """)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]), JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    run_snippet(script)

@@ -27,3 +27,14 @@ def run_worker(script: str, *args: str, devices: int = 8, timeout: int = 600, xl
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"{script} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_snippet(code: str, timeout: int = 300) -> None:
+    """Runs `code` in a fresh Python process (one device; the repository and tests/ importable), for a check that
+    must not share this process: importing a training recipe defines its absl flags, which another recipe's import
+    would repeat. The code prints "ok" last; the test fails otherwise."""
+    env = cpu_env(1)
+    env["PYTHONPATH"] = HERE + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
