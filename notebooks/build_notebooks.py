@@ -281,17 +281,21 @@ speed than on an accelerator; tau itself carries over to other hardware.
     code(r'''
 from IPython.display import Markdown, display
 
-base = results["plain"].stats["tokens_per_s"]
-lines = ["| method | k | alpha | tau | accept_per_position | tokens/s | vs plain |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
-for label, res in results.items():
-    s = res.stats
-    alpha = "-" if s["drafted"] == 0 else f"{s['alpha']:.2f}"
-    tau = f"{s['tau']:.2f}"
-    per_pos = " ".join(f"{p:.2f}" for p in s["accept_per_position"]) or "-"
-    lines.append(f"| {label} | {s['num_speculative_tokens']} | {alpha} | {tau} | {per_pos} | "
-                 f"{s['tokens_per_s']:.0f} | {s['tokens_per_s'] / base:.2f}x |")
-display(Markdown("\n".join(lines)))
+def acceptance_table(results):
+    """{label: GenerateResult} (one labelled "plain") -> a markdown table of their stats."""
+    base = results["plain"].stats["tokens_per_s"]
+    lines = ["| method | k | alpha | tau | accept_per_position | tokens/s | vs plain |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, res in results.items():
+        s = res.stats
+        alpha = "-" if s["drafted"] == 0 else f"{s['alpha']:.2f}"
+        per_pos = " ".join(f"{p:.2f}" for p in s["accept_per_position"]) or "-"
+        lines.append(f"| {label} | {s['num_speculative_tokens']} | {alpha} | {s['tau']:.2f} | {per_pos} | "
+                     f"{s['tokens_per_s']:.0f} | {s['tokens_per_s'] / base:.2f}x |")
+    return Markdown("\n".join(lines))
+
+
+display(acceptance_table(results))
 '''),
     code(r'''
 import matplotlib.pyplot as plt
@@ -374,15 +378,7 @@ measured tables are in the repository's docs/results.md.
 '''),
     code(r'''
 if REAL_TARGET:
-    base = smol_results["plain"].stats["tokens_per_s"]
-    lines = ["| method | alpha | tau | accept_per_position | tokens/s | vs plain |", "| --- | --- | --- | --- | --- | --- |"]
-    for label, res in smol_results.items():
-        s = res.stats
-        alpha = "-" if s["drafted"] == 0 else f"{s['alpha']:.2f}"
-        per_pos = " ".join(f"{p:.2f}" for p in s["accept_per_position"]) or "-"
-        lines.append(f"| {label} | {alpha} | {s['tau']:.2f} | {per_pos} | {s['tokens_per_s']:.0f} | "
-                     f"{s['tokens_per_s'] / base:.2f}x |")
-    display(Markdown("\n".join(lines)))
+    display(acceptance_table(smol_results))
 '''),
     md(r'''
 ## Next
