@@ -1,15 +1,15 @@
-"""Runs in its own process with 8 virtual CPU devices (tests/workers.py sets XLA_FLAGS before jax starts):
-plain greedy decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh; prints one JSON
-object of tokens and stats. (Each factory's single-device greedy output is plain greedy output: the conformance
-greedy matrix checks that, so comparing with plain saves a compile per factory.)
+"""Runs in its own process with 8 virtual CPU devices (tests/workers.py sets XLA_FLAGS before jax starts): plain greedy
+decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh; prints one JSON object of tokens
+and stats. (Each factory's single-device greedy output is plain greedy output: the conformance greedy matrix checks
+that, so comparing with plain saves a compile per factory.)
 
 Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model, ngram,
-predicted, medusa (shared and target_head projections), eagle (eagle, eagle3), suffix (its global cache on
-the mesh), lookahead, mtp (mtp, mtp_heads), pard, layer_skip (drafting over the target's sharded cache), dflash (and dflash-draft_vocab: draft_vocab.py's map and its scatter to
-the target's vocabulary, saved as an artifact with its int64 d2t and loaded by path) --
-and the worker fails if a registered method has no factory. The Medusa heads go through artifacts.py on the
-way: saved as a drafter artifact and passed as a directory, so the artifact convention is exercised on the mesh
-too."""
+predicted, medusa (shared and target_head projections), eagle (eagle, eagle3), suffix (its global cache on the
+mesh), lookahead, mtp (mtp, mtp_heads), pard (and pard-target_embedding: our artifact, loaded by path), layer_skip
+(drafting over the target's sharded cache), dflash (and dflash-draft_vocab: draft_vocab.py's map and its scatter to
+the target's vocabulary, saved as an artifact with its int64 d2t and loaded by path) -- and the worker fails if a
+registered method has no factory. The Medusa heads go through artifacts.py on the way: saved as a drafter artifact
+and passed as a directory, so the artifact convention is exercised on the mesh too."""
 from __future__ import annotations
 
 import json
@@ -49,6 +49,11 @@ def main() -> None:
             from specjax.drafters import dflash
             dflash.save(os.path.join(tmp, "dflash"), drafter, target, "# conformance block drafter\n", dtype="float32")
             drafter = os.path.join(tmp, "dflash")
+        if name == "pard-target_embedding":   # our PARD artifact (layers, masks, d2t), loaded by path
+            from specjax.drafters import pard
+            pard.save_target_embedding(os.path.join(tmp, "pard"), drafter, target, "# conformance PARD\n",
+                                       dtype="float32")
+            drafter = os.path.join(tmp, "pard")
         res = specjax.generate(target, prompts, SpecConfig(**kw, max_new_tokens=MAX_NEW), drafter=drafter, mesh=mesh)
         out["tokens"][name] = res.tokens
         out["stats"][name] = {k: res.stats[k] for k in ("accepted", "rejected")}

@@ -120,6 +120,16 @@ def near_pard(target: Model) -> pard.PardModel:
                                                                                cfg.vocab_size)))
 
 
+def pard_target_embedding(c: "Case") -> pard.TargetEmbeddingPard:
+    """A PARD draft reading the target's embedding: the target's first layer and final norm, 7 mean-embedding masks
+    and its own head over the even target tokens and the common one (the target's head columns): draft 1 is a
+    one-layer guess at the target's, the masks an untrained model's, and many of the target's tokens fall outside
+    what it can draft."""
+    V = c.target.config.vocab_size
+    ids = np.union1d(np.arange(0, V, 2), [_most_common(c)])
+    return pard.init_target_embedding(c.target, 1, 7, d2t=(ids - np.arange(len(ids))).astype(np.int64))
+
+
 def parallel_eagle(target: Model):
     return cached("p_eagle", target, lambda t: informative_eagle(t, "eagle3", parallel_drafting=True))
 
@@ -168,6 +178,7 @@ FACTORIES = {
     # Lookahead's k is fixed by (W + G)(N - 1): the smallest shape at k = 1, a 2-level window beyond.
     "lookahead": lambda c: (lookahead_fields(*((1, 2, 1) if c.k <= 1 else (2, 3, 2))), None),
     "pard": lambda c: (dict(method="pard", num_speculative_tokens=c.k), cached("pard", c.target, near_pard)),
+    "pard-target_embedding": lambda c: (dict(method="pard", num_speculative_tokens=c.k), pard_target_embedding(c)),
     # The test target has 2 layers: the draft pass runs layer 0 alone.
     "dflash": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash(c)),
     "dflash-draft_vocab": lambda c: (dict(method="dflash", num_speculative_tokens=c.k), guessing_dflash_vocab(c)),

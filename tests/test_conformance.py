@@ -58,7 +58,7 @@ def _greedy_params():
                 # PARD at k = 1 (no mask at all) is a draft model's T = 2 catch-up step: test-slow too (budget).
                 # k = 3 alone in a batch of 1: make test keeps it for draft_model; k = 3 in a batch of 8 for one
                 # drafter of each verification path (SAMPLED_FAST). CI's test-slow runs every case.
-                slow = (k == 1 and (b > 1 or name == "pard")) or (k == 3 and b == 1 and name != "draft_model") \
+                slow = (k == 1 and (b > 1 or name.startswith("pard"))) or (k == 3 and b == 1 and name != "draft_model") \
                     or (k == 3 and b == 8 and name not in SAMPLED_FAST)
                 marks = [pytest.mark.slow] if slow else []
                 yield pytest.param(name, k, b, eos, id=f"{name}-k{k}-b{b}" + ("-eos" if eos else ""), marks=marks)

@@ -182,3 +182,113 @@ def test_multi_stream_training_logits_equal_each_cut_point_run_alone():
     _, m = jax.jit(loss_fn)(params, jnp.asarray(rows), jax.random.PRNGKey(0), target_params)
     assert abs(float(m["loss0"])) < 1e-5 and float(m["acc0"]) == 1.0
     assert all(float(m[f"loss{j}"]) > 1e-3 for j in range(1, k))
+
+
+# ---- a PARD draft reading the target's embedding (pard.TargetEmbeddingPard) -------------------------------------
+
+def _vocab_map(ids) -> np.ndarray:
+    ids = np.asarray(ids)
+    return (ids - np.arange(len(ids))).astype(np.int64)
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_target_embedding_draft_saved_loaded_and_exact(target, baselines, tmp_path, draft_vocab):
+    """A draft of the target's first layer reading its embedding, through the target's own head or a draft
+    vocabulary's, saved as an artifact and loaded by path: greedy output is plain greedy output, with drafts both
+    accepted and rejected; the loaded draft is the saved one (its d2t exactly)."""
+    V = target.config.vocab_size
+    d2t = _vocab_map(np.arange(0, V, 2)) if draft_vocab else None
+    draft = pard.init_target_embedding(target, 1, M, d2t=d2t)
+    assert "embed" not in draft.params and draft.mask_token_ids == tuple(range(V, V + M))
+    pard.save_target_embedding(tmp_path, draft, target, "# test draft\n", dtype="float32")
+    loaded = pard._load(target, str(tmp_path))
+    assert isinstance(loaded, pard.TargetEmbeddingPard) and loaded.config == draft.config
+    np.testing.assert_array_equal(loaded.params["layers"][0]["wq"], draft.params["layers"][0]["wq"])
+    assert (loaded.d2t is None) == (d2t is None) and (d2t is None or np.array_equal(loaded.d2t, d2t))
+    prompts = ragged_prompts(3, seed=3)
+    res = specjax.generate(target, prompts, SpecConfig(method="pard", num_speculative_tokens=4, max_new_tokens=24),
+                           drafter=str(tmp_path))
+    assert res.tokens == baselines[3]
+    assert res.stats["accepted"] > 0 and res.stats["rejected"] > 0, res.stats
+
+
+def test_target_embedding_loss_is_zero_for_the_target_itself_and_reads_cached_features(target):
+    """A draft made of ALL the target's layers (its embedding, its head) is the target at stream 0: draft 1's KL
+    is 0 and it always agrees; the mask streams are not. The same loss from cached features (FeatureRows: the
+    target's final hidden state and argmax) equals the one that runs the frozen target."""
+    from train.data import FeatureRows, LabeledRows
+    from train.losses.common import frozen_target_features
+    from train.losses.pard import pard_loss_fn
+    k, cfg = 3, target.config
+    draft = pard.init_target_embedding(target, cfg.num_layers, k - 1)
+    rows = LabeledRows(jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12)), jnp.int32),
+                       jnp.asarray([3, 5], jnp.int32), jnp.asarray([12, 10], jnp.int32))
+    loss_fn = jax.jit(pard_loss_fn(draft.config, cfg, draft.mask_token_ids, k, ce_weight=0.0, num_ends=4,
+                                   target_embedding=True))
+    loss, m = loss_fn(draft.params, rows, jax.random.PRNGKey(0), target.params)
+    assert abs(float(m["loss0"])) < 1e-5 and float(m["acc0"]) == 1.0
+    assert all(float(m[f"loss{j}"]) > 1e-3 for j in range(1, k))
+    tf = frozen_target_features(target.params, cfg, rows.tokens)
+    cached = FeatureRows(rows, tf.hidden, jnp.argmax(tf.logits, -1).astype(jnp.int32), {})
+    loss_c, m_c = loss_fn(draft.params, cached, jax.random.PRNGKey(0), target.params)
+    np.testing.assert_allclose(float(loss_c), float(loss), rtol=1e-5, atol=1e-6)
+    # a planted bug: the mask streams scored against the wrong token (one position late) must change the loss
+    shifted = LabeledRows(jnp.roll(rows.tokens, -1, axis=1), rows.first_label, rows.label_end)
+    assert abs(float(loss_fn(draft.params, shifted, jax.random.PRNGKey(0), target.params)[0]) - float(loss)) > 1e-3
+
+
+def test_target_embedding_stream_hidden_equals_a_forward_over_each_context_and_masks(target):
+    """pard_stream_hidden with the target's embedding: draft j + 1 of context end c is the draft's forward over
+    the literal [x_0 .. x_c, mask_1 .. mask_j] (per-row context ends)."""
+    from train.losses.pard import DraftHead, pard_stream_hidden
+    k, T, cfg = 3, 8, target.config
+    draft = pard.init_target_embedding(target, 1, k - 1)
+    draft.params["mask_embed"] = 0.3 * jax.random.normal(jax.random.PRNGKey(2), draft.params["mask_embed"].shape)
+    head = DraftHead.of(cfg.vocab_size, True)
+    rows = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, T)).astype(np.int32)
+    ends = jnp.asarray([[1, 4, 6], [0, 2, 7]])
+    real, masks = jax.jit(lambda x, e: pard_stream_hidden(draft.params, draft.config, x, draft.mask_token_ids, k, e,
+                                                          head, target.params))(jnp.asarray(rows), ends)
+    embed, W = target.params["embed"], T + k
+
+    @jax.jit
+    def plain_hidden(seq):             # one width: causal, the tail past the sequence is unread
+        cache = pard.KVCache.init(1, 1, W, cfg.num_kv_heads, cfg.head_dim)
+        x = pard.embed_tokens(draft.params["mask_embed"], embed, seq)
+        return forward(dict(draft.params, embed=embed), draft.config, seq, cache, input_embeds=x).hidden[0]
+
+    for b in range(2):
+        for i, c in enumerate(np.asarray(ends[b])):
+            for j in range(k):
+                seq = np.zeros((1, W), np.int32)
+                seq[0, :c + j + 1] = list(rows[b, :c + 1]) + list(draft.mask_token_ids[:j])
+                got = real[b, c] if j == 0 else masks[b, j - 1, i]
+                np.testing.assert_allclose(got, plain_hidden(jnp.asarray(seq))[c + j], atol=2e-5)
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("k too large", "trained with 2 mask tokens.*num_speculative_tokens=5"),
+    ("another target", "vocab_size"),
+    ("from_layers out of range", r"from_layers \[7\] out of range: the target has 2"),
+    ("wrong tensor shape", "mask_embed.*expected"),
+])
+def test_target_embedding_bad_input_is_refused(target, tmp_path, kind, match):
+    with pytest.raises(ValueError, match=match):
+        if kind == "from_layers out of range":
+            pard.init_target_embedding(target, 1, 2, from_layers=(7,))
+        draft = pard.init_target_embedding(target, 1, 2)
+        k, where = 3, target
+        if kind == "k too large":
+            k = 5
+        if kind == "another target":
+            where = tiny_model(0, vocab=50)
+        pard.save_target_embedding(tmp_path, draft, target, "# test\n", dtype="float32")
+        if kind == "wrong tensor shape":
+            import json
+            with open(tmp_path / "config.json") as f:
+                meta = json.load(f)
+            meta["config"]["num_masks"] = 3
+            with open(tmp_path / "config.json", "w") as f:
+                json.dump(meta, f)
+        specjax.generate(where, [[1, 2, 3]], SpecConfig(method="pard", num_speculative_tokens=k, max_new_tokens=4),
+                         drafter=str(tmp_path))

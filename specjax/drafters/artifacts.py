@@ -28,6 +28,40 @@ WEIGHTS_NAME = "model.safetensors"
 MANIFEST_NAME = "MANIFEST.md"
 
 
+def flatten_params(params: Any, prefix: str = "") -> dict[str, Any]:
+    """A params pytree of dicts and lists -> {dotted path: array}, a list entry named by its index
+    ("layers.0.wq"): every kind's tensor names. unflatten_params inverts it."""
+    items = params.items() if isinstance(params, dict) else enumerate(params) if isinstance(params, (list, tuple)) \
+        else None
+    if items is None:
+        return {prefix[:-1]: params}
+    out = {}
+    for key, value in items:
+        out.update(flatten_params(value, f"{prefix}{key}."))
+    return out
+
+
+def unflatten_params(flat: dict[str, Any]) -> dict:
+    """{dotted path: array} -> the nested params: dicts, and lists where every key of a level is an index."""
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *path, leaf = name.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    def listify(node):
+        if not isinstance(node, dict):
+            return node
+        node = {k: listify(v) for k, v in node.items()}
+        if node and all(k.isdigit() for k in node):
+            return [node[str(i)] for i in range(len(node))] if set(node) == {str(i) for i in range(len(node))} \
+                else node
+        return node
+    return listify(tree)
+
+
 def target_fingerprint(target) -> dict:
     """What a drafter artifact records about its target (a specjax Model)."""
     cfg = target.config

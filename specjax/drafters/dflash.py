@@ -273,15 +273,8 @@ class DFlashWeights:
                              "the full vocabulary none")
 
 
-def _flatten(params: dict) -> dict:
-    flat = {k: v for k, v in params.items() if k != "layers"}
-    for i, lp in enumerate(params["layers"]):
-        flat.update({f"layers.{i}.{k}": v for k, v in lp.items()})
-    return flat
-
-
 def save(path: str, weights: DFlashWeights, target, manifest: str, dtype: str = "bfloat16") -> None:
-    tensors = {k: np.asarray(v) for k, v in _flatten(jax.device_get(weights.params)).items()}
+    tensors = dict(artifacts.flatten_params(jax.device_get(weights.params)))
     if weights.d2t is not None:
         tensors["d2t"] = np.asarray(weights.d2t, np.int64)
     artifacts.save_artifact(path, KIND, weights.config.to_dict(), tensors, target, manifest, dtype)
@@ -293,7 +286,7 @@ def load(path_or_name: str, target) -> DFlashWeights:
         cfg = DFlashConfig.from_dict(config)
     except TypeError as e:
         raise ValueError(f"DFlash artifact {path_or_name!r}: config does not describe a DFlash drafter ({e})") from None
-    want = _flatten(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+    want = artifacts.flatten_params(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                  jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))))
     for name, spec in want.items():
         if name not in tensors:

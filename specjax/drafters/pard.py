@@ -13,6 +13,12 @@ proposed; sampled drafts are drawn independently per position through specjax.sa
 with their distributions q, which keeps chain speculative sampling exact (draft j + 1 does not depend on draft j,
 so its q is its marginal).
 
+A draft for a target with a large vocabulary and no small sibling (SmolLM2-135M: its 49152 x 576 embedding is a
+fifth of the model) reads the target's token embedding instead of holding its own (TargetEmbeddingPard): it stores
+its decoder layers (hidden = the target's), the final norm, one embedding row per mask, and either nothing more
+(drafts through the target's LM head) or an own head over a draft vocabulary of N frequent target tokens
+(specjax.drafters.draft_vocab; every other token at probability 0, so speculative sampling stays exact).
+
 KV cache under partial acceptance: only committed tokens are kept. After a proposal the cache holds every
 committed token at slot = position (the block re-writes entries that were already there with identical contents);
 the mask entries lie past the committed length and are overwritten by the next proposal. A step commits at most
@@ -29,21 +35,24 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
 from tokenizers import AddedToken, Tokenizer
 
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
-from specjax.drafters.base import Context, Draft, pick_block
-from specjax.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, llama_param_specs, \
-    prepare_llama_params
+from specjax.drafters.base import Context, Draft, pick_block, target_weight
+from specjax.drafters.draft_model import check_same_vocabulary, llama_param_specs, prepare_llama_params
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.checkpoints import resolve
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import load_pretrained, save_pretrained
-from specjax.models.llama import forward
+from specjax.models.llama import forward, init_params, kv_heads
 from specjax.models.model import Model
 from specjax.sampling import SamplingParams
 
+KIND = "pard"
 MASK_TOKEN = "<|pard_mask_{}|>"
 CONFIG_KEY = "pard_mask_token_ids"
 
@@ -56,20 +65,112 @@ class PardModel:
     mask_token_ids: tuple[int, ...]
 
 
+@dataclasses.dataclass
+class TargetEmbeddingPard:
+    """A loaded PARD draft that embeds tokens with the target's embedding: its decoder layers, final norm and mask
+    embedding rows (params: layers, final_norm, mask_embed [m, H], and lm_head [H, N] with a draft vocabulary);
+    config describes its layers (hidden = the target's, vocab_size = the target's V). Mask j is token id V + j, as
+    in a PardModel, so the drafter feeds the same block either way."""
+    config: ModelConfig
+    params: dict
+    name: str = ""
+    d2t: np.ndarray | None = None     # the draft vocabulary map (int64 [N]; target id = draft id + d2t), or None
+
+    @property
+    def mask_token_ids(self) -> tuple[int, ...]:
+        V = self.config.vocab_size
+        return tuple(range(V, V + int(self.params["mask_embed"].shape[0])))
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return None if self.d2t is None else len(self.d2t)
+
+
+def target_embedding_config(target_config: ModelConfig, num_layers: int) -> ModelConfig:
+    """A TargetEmbeddingPard's layer config: the target's layer shapes, num_layers of them."""
+    return dataclasses.replace(target_config, num_layers=num_layers)
+
+
+def init_target_embedding(target, num_layers: int, num_masks: int, *, from_layers: tuple[int, ...] | None = None,
+                          d2t=None, seed: int = 0) -> TargetEmbeddingPard:
+    """A TargetEmbeddingPard to train: its layers copies of the target's layers from_layers (one index per draft
+    layer; default the first num_layers) or random (from_layers=()), the target's final norm, every mask row the
+    mean embedding, and with d2t an own head from the target's LM-head columns."""
+    cfg = target_embedding_config(target.config, num_layers)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    if from_layers is None:
+        from_layers = tuple(range(num_layers))
+    if from_layers:
+        if len(from_layers) != num_layers:
+            raise ValueError(f"from_layers {list(from_layers)} names {len(from_layers)} target layers for a draft of "
+                             f"{num_layers}")
+        bad = [l for l in from_layers if not 0 <= l < target.config.num_layers]
+        if bad:
+            raise ValueError(f"from_layers {bad} out of range: the target has {target.config.num_layers} decoder "
+                             "layers")
+        layers = [jax.tree.map(f32, dict(target.params["layers"][l])) for l in from_layers]
+    else:
+        layers = init_params(cfg, jax.random.PRNGKey(seed))["layers"]
+    if any(set(lp) != set(layers[0]) or "wq" not in lp for lp in layers):
+        raise ValueError("init_target_embedding copies row-major float32 layers (wq, wk, ...): load the target "
+                         "with weight_format='float32'")
+    embed = f32(target_weight(target.params, "embed"))
+    params = {"layers": layers, "final_norm": f32(target.params["final_norm"]),
+              "mask_embed": jnp.broadcast_to(jnp.mean(embed, 0), (num_masks, cfg.hidden_size))}
+    if d2t is not None:
+        d2t = check_vocab_map(d2t, cfg.vocab_size, len(d2t), "init_target_embedding")
+        params["lm_head"] = f32(target_weight(target.params, "lm_head"))[:, draft_to_target(d2t)]
+    return TargetEmbeddingPard(cfg, params, "", d2t)
+
+
+def embed_tokens(mask_embed: jax.Array, embed: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Input embeddings [..., H] of tokens [...] of the target's vocabulary (rows of the target's embed [V, H]) or
+    masks (ids V + j: row j of mask_embed [m, H])."""
+    V = embed.shape[0]
+    own = embed[jnp.minimum(tokens, V - 1)]
+    masks = mask_embed[jnp.clip(tokens - V, 0, mask_embed.shape[0] - 1)].astype(own.dtype)
+    return jnp.where((tokens >= V)[..., None], masks, own)
+
+
 @dataclasses.dataclass(frozen=True)
 class PardDrafter:
     k: int
-    config: ModelConfig               # the draft's (vocab_size = the target's + the masks)
+    config: ModelConfig               # the draft's (vocab_size = the target's + the masks; reading the target's
+                                      # embedding: its head's width, the target's V or the draft vocabulary's N)
     vocab_size: int                   # the target's: draft logits are cut to it
     mask_token_ids: tuple[int, ...]   # the k - 1 masks this drafter feeds
     cache_size: int
     implementation: str = "xla"
-    target_layers = ()                # reads nothing of the target but its tokens
-    target_weights = ()
+    reads_target_embedding: bool = False   # a TargetEmbeddingPard
+    draft_vocab_size: int | None = None    # its own head's width (params: lm_head, vocab_map), or None
+    target_layers = ()                # reads nothing of the target's features, only its tokens
+
+    @property
+    def target_weights(self) -> tuple[str, ...]:
+        if not self.reads_target_embedding:
+            return ()
+        return ("embed",) if self.draft_vocab_size else ("embed", "output_head")
+
+    def _forward(self, params, ctx: Context, tokens: jax.Array, cache: KVCache, **kw):
+        if not self.reads_target_embedding:
+            return forward(params, self.config, tokens, cache, implementation=self.implementation, **kw)
+        w = ctx.target_weights
+        x = embed_tokens(params["mask_embed"], w["embed"], tokens)                       # [B, T, H]
+        # the target's head as it stores it (a tied one read in place), or the draft vocabulary's own
+        head = {} if self.draft_vocab_size else w["output_head"]
+        return forward(dict(params, **head), self.config, tokens, cache, input_embeds=x,
+                       implementation=self.implementation, **kw)
 
     def init(self, params, ctx: Context, target_out, sp) -> KVCache:
         """The draft's prefill over the prompt, as a draft model's (the masks are only ever fed by propose)."""
-        return DraftModelDrafter.init(self, params, ctx, target_out, sp)
+        B = ctx.tokens.shape[0]
+        cfg = self.config
+        cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
+                             params["final_norm"].dtype)
+        prompt = ctx.tokens[:, :int(target_out.hidden.shape[1])]                 # [B, P] right-padded prompt
+        # Only the cache is kept: one position's logits instead of the LM head over the whole prompt.
+        out = self._forward(params, ctx, prompt, cache, logits_at=ctx.prompt_length - 1)
+        return out.cache.replace(lengths=ctx.prompt_length)
 
     def draft_logits(self, params, cache: KVCache, ctx: Context) -> tuple[jax.Array, KVCache]:
         """The one draft forward -> (logits [B, k, V] of drafts 1..k, cut to the target's vocabulary; the cache
@@ -89,11 +190,13 @@ class PardDrafter:
         # Block rows: causal. Mask rows: the block up to the root (never the stale slots past it), then the
         # masks up to themselves.
         mask = jnp.where(q < w, c <= q, (c <= root[:, None, None]) | ((c >= w) & (c <= q)))  # [B, 2k, 2k]
-        out = forward(params, self.config, tokens, cache.replace(lengths=start), depths=depths, mask=mask,
-                      implementation=self.implementation)
-        logits = out.logits[..., :self.vocab_size]                                       # [B, 2k, V]
-        first = jnp.take_along_axis(logits, root[:, None, None], axis=1)                 # [B, 1, V]
-        return jnp.concatenate([first, logits[:, w:]], axis=1), out.cache.replace(lengths=ctx.length)
+        out = self._forward(params, ctx, tokens, cache.replace(lengths=start), depths=depths, mask=mask)
+        logits = out.logits[..., :self.vocab_size]                                       # [B, 2k, V | N]
+        first = jnp.take_along_axis(logits, root[:, None, None], axis=1)                 # [B, 1, V | N]
+        logits = jnp.concatenate([first, logits[:, w:]], axis=1)                         # [B, k, V | N]
+        if self.draft_vocab_size:
+            logits = full_vocab_logits(logits, params["vocab_map"], self.vocab_size)     # [B, k, V]
+        return logits, out.cache.replace(lengths=ctx.length)
 
     def propose(self, params, cache: KVCache, ctx: Context, keys, sp: SamplingParams):
         logits, cache = self.draft_logits(params, cache, ctx)                           # [B, k, V]
@@ -151,6 +254,47 @@ def save(path: str | os.PathLike, params: dict, cfg: ModelConfig, mask_token_ids
             f.write(manifest)
 
 
+def save_target_embedding(path: str | os.PathLike, draft: TargetEmbeddingPard, target, manifest: str,
+                          dtype: str = "bfloat16") -> None:
+    """A TargetEmbeddingPard as a specjax drafter artifact (kind "pard": its layer config, mask count and draft
+    vocabulary; tensors under flat names, the d2t map exactly; the target's fingerprint)."""
+    tensors = dict(artifacts.flatten_params(jax.device_get(draft.params)))
+    if draft.d2t is not None:
+        tensors["d2t"] = np.asarray(draft.d2t, np.int64)
+    config = {"layers": draft.config.to_hf(), "num_masks": len(draft.mask_token_ids),
+              "draft_vocab_size": draft.draft_vocab_size}
+    artifacts.save_artifact(path, KIND, config, tensors, target, manifest, dtype)
+
+
+def load_target_embedding(path_or_name: str | os.PathLike, target) -> TargetEmbeddingPard:
+    """A TargetEmbeddingPard artifact (save_target_embedding) -> the draft, checked against `target`."""
+    config, tensors = artifacts.load_artifact(path_or_name, target, KIND)
+    where = f"PARD artifact {path_or_name!r}"
+    try:
+        cfg, m, N = ModelConfig.from_hf(config["layers"]), int(config["num_masks"]), config["draft_vocab_size"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: config does not describe a PARD draft reading the target's embedding "
+                         f"(needs layers, num_masks, draft_vocab_size: {e!r})") from None
+    H, spec = cfg.hidden_size, lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    want = {"layers": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["layers"],
+            "final_norm": spec(H), "mask_embed": spec(m, H)}
+    if N is not None:
+        want["lm_head"] = spec(H, int(N))
+    shapes = {k: tuple(v.shape) for k, v in artifacts.flatten_params(want).items()}
+    missing = sorted(set(shapes) - set(tensors))
+    wrong = [f"{k}: {list(tensors[k].shape)} (expected {list(s)})" for k, s in shapes.items()
+             if k in tensors and tuple(tensors[k].shape) != s]
+    if missing or wrong:
+        raise ValueError(f"{where}: tensors do not match its config.json: missing {missing}, wrong shapes {wrong}")
+    params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
+    d2t = None
+    if N is not None:
+        if "d2t" not in tensors:
+            raise ValueError(f"{where} has a draft vocabulary of {N} but no d2t map")
+        d2t = check_vocab_map(tensors["d2t"], cfg.vocab_size, int(N), where)
+    return TargetEmbeddingPard(cfg, params, os.path.basename(os.path.normpath(os.fspath(path_or_name))), d2t)
+
+
 def load(path_or_name: str | os.PathLike, dtype=jnp.float32) -> PardModel:
     """A PARD draft directory or shipped name -> PardModel; refuses a directory without mask tokens."""
     path = resolve(path_or_name, "drafter")
@@ -188,8 +332,28 @@ def check(target, pard: PardModel, k: int) -> None:
                          f"{len(ids) + 1} tokens per step; num_speculative_tokens={k} needs {k - 1}")
 
 
-def _load(target: Model, path_or_name: str) -> PardModel:
-    return load(path_or_name)
+def check_target_embedding(target, draft: TargetEmbeddingPard, k: int) -> None:
+    """ValueError naming the problem when a TargetEmbeddingPard cannot draft k tokens for `target`."""
+    cfg, tc, name = draft.config, target.config, draft.name
+    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size):
+        raise ValueError(f"PARD draft {name!r} reads a target embedding of {cfg.vocab_size} x {cfg.hidden_size}; the "
+                         f"target's is {tc.vocab_size} x {tc.hidden_size}")
+    m = len(draft.mask_token_ids)
+    if k - 1 > m:
+        raise ValueError(f"PARD draft {name!r} was trained with {m} mask tokens, so it drafts at most {m + 1} "
+                         f"tokens per step; num_speculative_tokens={k} needs {k - 1}")
+    if draft.d2t is not None:
+        check_vocab_map(draft.d2t, tc.vocab_size, len(draft.d2t), f"PARD draft {name!r}")
+
+
+def _load(target: Model, path_or_name: str) -> PardModel | TargetEmbeddingPard:
+    """An HF PARD draft (its own vocabulary + masks), or our artifact of one reading the target's embedding."""
+    path = resolve(path_or_name, "drafter")
+    with open(os.path.join(path, "config.json")) as f:
+        hf = json.load(f)
+    if CONFIG_KEY not in hf and "config" in hf and "target" in hf:
+        return load_target_embedding(path, target)
+    return load(path)
 
 
 def _build(req: BuildRequest):
@@ -197,12 +361,35 @@ def _build(req: BuildRequest):
     if pard is None:
         raise TypeError("method='pard' needs drafter=<a PARD draft directory, a shipped name such as "
                         "'stdlib-draft-pard', or specjax.drafters.pard.load(...)>, got None")
-    k = req.config.k
-    check(req.target, pard, k)
+    k, V = req.config.k, req.target.config.vocab_size
     # 2k extra slots: a block that starts at 0 for a short row can reach past the target's buffer.
-    return PardDrafter(k, pard.model.config, req.target.config.vocab_size, pard.mask_token_ids[:k - 1],
-                       req.buffer_len + 2 * k, req.config.implementation), pard.model.params
+    size = req.buffer_len + 2 * k
+    if isinstance(pard, TargetEmbeddingPard):
+        check_target_embedding(req.target, pard, k)
+        N = pard.draft_vocab_size
+        cfg = dataclasses.replace(pard.config, vocab_size=N or V)     # the width of the head it projects through
+        params = pard.params if N is None else dict(pard.params, vocab_map=jnp.asarray(draft_to_target(pard.d2t),
+                                                                                          jnp.int32))
+        return PardDrafter(k, cfg, V, pard.mask_token_ids[:k - 1], size, req.config.implementation,
+                           reads_target_embedding=True, draft_vocab_size=N), params
+    check(req.target, pard, k)
+    return PardDrafter(k, pard.model.config, V, pard.mask_token_ids[:k - 1], size,
+                       req.config.implementation), pard.model.params
 
 
-register(DrafterSpec("pard", _build, accepts="a PARD draft directory, shipped name or pard.load(...)", load=_load,
-                     artifact=PardModel, prepare_params=prepare_llama_params, param_specs=llama_param_specs))
+def _prepare_params(drafter: PardDrafter, params, mesh):
+    """An own-vocabulary draft is laid out like a draft model; one reading the target's embedding (a few layers
+    and small tables) stays replicated."""
+    return params if drafter.reads_target_embedding else prepare_llama_params(drafter, params, mesh)
+
+
+def _param_specs(drafter: PardDrafter, params, mesh):
+    if drafter.reads_target_embedding:
+        return jax.tree.map(lambda _: PartitionSpec(), params)
+    return llama_param_specs(drafter, params, mesh)
+
+
+register(DrafterSpec(KIND, _build, accepts="a PARD draft directory (its own vocabulary, or our artifact of one "
+                     "reading the target's embedding), a shipped name, pard.load(...) or a TargetEmbeddingPard",
+                     load=_load, artifact=(PardModel, TargetEmbeddingPard), prepare_params=_prepare_params,
+                     param_specs=_param_specs))

@@ -42,7 +42,7 @@ def causal_forward(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> F
     """llama.forward over whole sequences tokens [B, T] with a cache of exactly T slots (nothing persists past the
     call); keyword arguments go to forward (hidden_layers, depths, mask)."""
     B, T = tokens.shape
-    cache = KVCache.init(cfg.num_layers, B, T, kv_heads(params, cfg), cfg.head_dim, params["embed"].dtype)
+    cache = KVCache.init(cfg.num_layers, B, T, kv_heads(params, cfg), cfg.head_dim, params["final_norm"].dtype)
     return forward(params, cfg, tokens, cache, **kw)
 
 
@@ -72,6 +72,16 @@ def target_features(batch, first_label: int, params: dict, cfg: ModelConfig,
         return batch.rows, TargetFeatures(None, batch.hidden, tuple(batch.layers[l] for l in layers), batch.top)
     rows = labeled(batch, first_label)
     return rows, frozen_target_features(params, cfg, rows.tokens, layers)
+
+
+def sample_anchors(rng: jax.Array, rows: LabeledRows, num: int) -> jax.Array:
+    """[B, num] anchors (context ends) drawn uniformly, with replacement, over the positions a whose next token is
+    a label: first_label - 1 <= a <= end - 2 (end = min(label_end, R))."""
+    B, R = rows.tokens.shape
+    lo = jnp.maximum(rows.first_label - 1, 0)
+    hi = jnp.maximum(jnp.minimum(rows.label_end, R) - 2, lo)
+    u = jax.random.uniform(rng, (B, num))
+    return (lo[:, None] + jnp.floor(u * (hi - lo + 1)[:, None])).astype(jnp.int32)
 
 
 def soft_ce(logits: jax.Array, probs: jax.Array) -> jax.Array:

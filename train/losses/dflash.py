@@ -22,7 +22,8 @@ from specjax.drafters.base import target_weight
 from specjax.drafters.dflash import DFlashConfig, block_forward, block_inputs, context_features, context_kv, draft_logits
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target
 from specjax.models.config import ModelConfig
-from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, soft_ce, target_features
+from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, sample_anchors, soft_ce, \
+    target_features
 
 
 def _draft_ids(config: DFlashConfig, d2t) -> jax.Array | None:
@@ -70,16 +71,6 @@ def _blocks(params: dict, config: DFlashConfig, rows, target_params: dict, tf, a
     label_at = anchors[..., None] + jnp.arange(1, k + 1)                            # token a + i, [B, A, k]
     valid = label_mask(rows, label_at.reshape(B, A * k)).reshape(B, A, k) & (label_at < R)
     return logits, teacher, pred, target_top, valid
-
-
-def sample_anchors(rng: jax.Array, rows, num: int) -> jax.Array:
-    """[B, num] anchors uniform over the positions a whose next token is a label: first_label - 1 <= a <= end - 2
-    (end = min(label_end, R))."""
-    B, R = rows.tokens.shape
-    lo = jnp.maximum(rows.first_label - 1, 0)
-    hi = jnp.maximum(jnp.minimum(rows.label_end, R) - 2, lo)
-    u = jax.random.uniform(rng, (B, num))
-    return (lo[:, None] + jnp.floor(u * (hi - lo + 1)[:, None])).astype(jnp.int32)
 
 
 def dflash_loss_fn(target_cfg: ModelConfig, config: DFlashConfig, first_label: int, *, block_k: int | None = None,

@@ -39,27 +39,6 @@ _LAYER_NAMES = {"wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight"
 _TRANSPOSED = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
 
 
-def _flatten(params: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in params.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = np.asarray(jax.device_get(v))
-    return out
-
-
-def _unflatten(flat: dict) -> dict:
-    out: dict = {}
-    for name, v in flat.items():
-        node = out
-        *path, leaf = name.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return out
-
-
 def _expected_shapes(config: EagleConfig, own_embed: bool) -> dict:
     c = config.layer
     H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
@@ -127,7 +106,7 @@ def check_target(weights: EagleWeights, target) -> None:
 def save(path: str | os.PathLike, weights: EagleWeights, target, manifest: str, dtype: str = "bfloat16") -> None:
     """Our artifact (kind "eagle" / "eagle3") for `target`; the EAGLE-3 vocab map is stored exactly."""
     check_target(weights, target)
-    flat = _flatten(weights.params)
+    flat = artifacts.flatten_params(jax.device_get(weights.params))
     artifacts.save_artifact(path, weights.kind, weights.config.to_dict(), flat, target, manifest, dtype)
     if weights.kind == "eagle3":
         d2t = np.asarray(weights.d2t, np.int64)
@@ -152,7 +131,7 @@ def _load_ours(path: str, target, kind: str) -> EagleWeights:
             raise ValueError(f"{vm} has no 'd2t' tensor")
         d2t = check_vocab_map(np.asarray(st.get("d2t")), config.vocab_size, config.draft_vocab_size, path,
                               np.asarray(st.get("t2d")) if "t2d" in st.keys() else None)
-    weights = EagleWeights(config, jax.tree_util.tree_map(jnp.asarray, _unflatten(flat)), d2t,
+    weights = EagleWeights(config, jax.tree_util.tree_map(jnp.asarray, artifacts.unflatten_params(flat)), d2t,
                            os.path.basename(os.path.normpath(path)))
     check_target(weights, target)
     return weights
@@ -258,7 +237,7 @@ def load_published(path: str | os.PathLike, target, kind: str | None = None) -> 
             raise ValueError(f"EAGLE-3 checkpoint {path} has draft_vocab_size={N} < vocab_size="
                              f"{layer.vocab_size} but no d2t map")
     _check_shapes(flat, config, path, names)
-    weights = EagleWeights(config, jax.tree_util.tree_map(jnp.asarray, _unflatten(flat)), d2t,
+    weights = EagleWeights(config, jax.tree_util.tree_map(jnp.asarray, artifacts.unflatten_params(flat)), d2t,
                            os.path.basename(os.path.normpath(path)))
     check_target(weights, target)
     return weights
@@ -277,7 +256,7 @@ def export_published(path: str | os.PathLike, weights: EagleWeights, dtype: str 
                          "mask embedding and shared hidden state have no place in the EAGLE-3 layout; keep our "
                          "artifact (eagle.save)")
     os.makedirs(path, exist_ok=True)
-    flat = _flatten(weights.params)
+    flat = artifacts.flatten_params(jax.device_get(weights.params))
     is3 = cfg.kind == "eagle3"
     pfx = "midlayer." if is3 else "layers.0."
     sd = {}

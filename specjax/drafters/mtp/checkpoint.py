@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
@@ -17,18 +16,6 @@ _LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up"
 
 
 # ------------------------------------------------------------------------------------------- reading / writing
-
-def _flatten(params: dict) -> dict:
-    group = "modules" if "modules" in params else "heads"
-    flat = {}
-    for d, entry in enumerate(params[group]):
-        for name, x in entry.items():
-            if name == "layer":
-                flat.update({f"{group}.{d}.layer.{k}": v for k, v in x.items()})
-            else:
-                flat[f"{group}.{d}.{name}"] = x
-    return flat
-
 
 def _expected_shapes(config: MTPConfig) -> dict:
     c = config.layer
@@ -48,7 +35,7 @@ def _expected_shapes(config: MTPConfig) -> dict:
 
 def save(path: str | os.PathLike, weights: MTPWeights, target, manifest: str, dtype: str = "bfloat16") -> None:
     artifacts.save_artifact(path, weights.config.kind, weights.config.to_dict(),
-                            {k: np.asarray(v) for k, v in _flatten(jax.device_get(weights.params)).items()},
+                            artifacts.flatten_params(jax.device_get(weights.params)),
                             target, manifest, dtype)
 
 
