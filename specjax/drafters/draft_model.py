@@ -57,15 +57,18 @@ class DraftModelDrafter:
         * topk nodes past the committed tokens) can outgrow the k + 1 verify slots the buffer reserves."""
         return max(0, (num_steps - 1) * topk - (k + 1))
 
+    def _forward(self, params, ctx: Context, tokens: jax.Array, cache: KVCache, **kw):
+        """The draft's forward over tokens (a drafter that embeds or projects differently, PARD's, has its own)."""
+        return forward(params, self.config, tokens, cache, implementation=self.implementation, **kw)
+
     def init(self, params, ctx: Context, target_out, sp):
         B = ctx.tokens.shape[0]
         cfg = self.config
         cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
-                             params["embed"].dtype)
+                             params["final_norm"].dtype)
         prompt = ctx.tokens[:, :int(target_out.hidden.shape[1])]                 # [B, P] right-padded prompt
         # Only the cache is kept: one position's logits instead of the LM head over the whole prompt.
-        out = forward(params, cfg, prompt, cache, implementation=self.implementation,
-                      logits_at=ctx.prompt_length - 1)
+        out = self._forward(params, ctx, prompt, cache, logits_at=ctx.prompt_length - 1)
         return out.cache.replace(lengths=ctx.prompt_length)
 
     def _step(self, params, cache, tokens, key, sp: SamplingParams):

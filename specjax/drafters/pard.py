@@ -42,13 +42,14 @@ from tokenizers import AddedToken, Tokenizer
 from specjax.cache import KVCache
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, pick_block, target_weight
-from specjax.drafters.draft_model import check_same_vocabulary, llama_param_specs, prepare_llama_params
+from specjax.drafters.draft_model import DraftModelDrafter, check_same_vocabulary, llama_param_specs, \
+    prepare_llama_params
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.checkpoints import resolve
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import load_pretrained, save_pretrained
-from specjax.models.llama import forward, init_params, kv_heads
+from specjax.models.llama import forward, init_params
 from specjax.models.model import Model
 from specjax.sampling import SamplingParams
 
@@ -163,14 +164,7 @@ class PardDrafter:
 
     def init(self, params, ctx: Context, target_out, sp) -> KVCache:
         """The draft's prefill over the prompt, as a draft model's (the masks are only ever fed by propose)."""
-        B = ctx.tokens.shape[0]
-        cfg = self.config
-        cache = KVCache.init(cfg.num_layers, B, self.cache_size, kv_heads(params, cfg), cfg.head_dim,
-                             params["final_norm"].dtype)
-        prompt = ctx.tokens[:, :int(target_out.hidden.shape[1])]                 # [B, P] right-padded prompt
-        # Only the cache is kept: one position's logits instead of the LM head over the whole prompt.
-        out = self._forward(params, ctx, prompt, cache, logits_at=ctx.prompt_length - 1)
-        return out.cache.replace(lengths=ctx.prompt_length)
+        return DraftModelDrafter.init(self, params, ctx, target_out, sp)
 
     def draft_logits(self, params, cache: KVCache, ctx: Context) -> tuple[jax.Array, KVCache]:
         """The one draft forward -> (logits [B, k, V] of drafts 1..k, cut to the target's vocabulary; the cache
