@@ -127,13 +127,10 @@ def heldout_evaluate(accuracy, target, heldout, n_greedy: int, k: int):
         count = lambda p, r: accuracy(p, target.params, jax.tree.map(jnp.asarray, r))
         tots, idx = self_distill.heldout_counts(count, params, heldout, n_greedy, k, max_tokens, min_rows=16,
                                                 batch=16)
-        hits, labels, chain, chains = (sum(t[j] for t in tots.values()) for j in range(4))
-        out = {f"heldout_acc{j}": float(hits[j] / max(labels[j], 1)) for j in range(k)}
-        out["heldout_accept_len"] = float(chain.sum() / max(chains, 1))
+        out = self_distill.chain_metrics(tots, k)       # agreement, chains, accept_len over all rows and per part
+        chain, chains = (sum(t[j] for t in tots.values()) for j in (2, 3))
         out["heldout_accept_len_k4"] = float(chain[:4].sum() / max(chains, 1))
-        out.update({f"heldout_chain{j}": float(chain[j] / max(chains, 1)) for j in range(k)})
         for name, t in tots.items():
-            out[f"heldout_accept_len_{name}"] = float(t[2].sum() / max(t[3], 1))
             out[f"heldout_accept_len_k4_{name}"] = float(t[2][:4].sum() / max(t[3], 1))
             if name == "greedy":
                 out.update({f"heldout_chain{j}_greedy": float(t[2][j] / max(t[3], 1)) for j in range(k)})
@@ -178,7 +175,7 @@ def build_target_embedding(run: skeleton.Run) -> skeleton.Parts:
     def export(params, out_dir: str, record: dict) -> tuple[dict, str]:
         params = jax.device_get(params)
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-        vocab = (f"Draft vocabulary: its own head over the {0 if d2t is None else len(d2t)} most "
+        vocab = (f"Draft vocabulary: its own head over the {F.draft_vocab_size} most "
                  f"frequent label tokens of the training rows (coverage of label tokens: train {cov['train']:.3f}, "
                  f"held-out {cov['heldout']:.3f})." if d2t is not None else "Drafts through the target's LM head.")
         notes = TARGET_EMBEDDING_NOTES.format(

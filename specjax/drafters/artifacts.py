@@ -62,6 +62,17 @@ def unflatten_params(flat: dict[str, Any]) -> dict:
     return listify(tree)
 
 
+def check_shapes(tensors: dict[str, Any], expected: dict[str, tuple[int, ...]], what: str) -> None:
+    """ValueError naming the missing tensors and those of the wrong shape, when an artifact's tensors are not the
+    ones its config describes (expected: name -> shape)."""
+    missing = sorted(set(expected) - set(tensors))
+    wrong = [f"{k}: {list(tensors[k].shape)} (expected {list(s)})" for k, s in expected.items()
+             if k in tensors and tuple(tensors[k].shape) != tuple(s)]
+    if missing or wrong:
+        raise ValueError(f"{what} do not match its config.json" + (f"; missing {missing[:6]}" if missing else "")
+                         + (f"; wrong shapes {wrong[:4]}" if wrong else ""))
+
+
 def target_fingerprint(target) -> dict:
     """What a drafter artifact records about its target (a specjax Model)."""
     cfg = target.config

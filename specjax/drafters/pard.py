@@ -87,17 +87,12 @@ class TargetEmbeddingPard:
         return None if self.d2t is None else len(self.d2t)
 
 
-def target_embedding_config(target_config: ModelConfig, num_layers: int) -> ModelConfig:
-    """A TargetEmbeddingPard's layer config: the target's layer shapes, num_layers of them."""
-    return dataclasses.replace(target_config, num_layers=num_layers)
-
-
 def init_target_embedding(target, num_layers: int, num_masks: int, *, from_layers: tuple[int, ...] | None = None,
                           d2t=None, seed: int = 0) -> TargetEmbeddingPard:
     """A TargetEmbeddingPard to train: its layers copies of the target's layers from_layers (one index per draft
     layer; default the first num_layers) or random (from_layers=()), the target's final norm, every mask row the
     mean embedding, and with d2t an own head from the target's LM-head columns."""
-    cfg = target_embedding_config(target.config, num_layers)
+    cfg = dataclasses.replace(target.config, num_layers=num_layers)      # the target's layer shapes
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     if from_layers is None:
         from_layers = tuple(range(num_layers))
@@ -275,11 +270,7 @@ def load_target_embedding(path_or_name: str | os.PathLike, target) -> TargetEmbe
     if N is not None:
         want["lm_head"] = spec(H, int(N))
     shapes = {k: tuple(v.shape) for k, v in artifacts.flatten_params(want).items()}
-    missing = sorted(set(shapes) - set(tensors))
-    wrong = [f"{k}: {list(tensors[k].shape)} (expected {list(s)})" for k, s in shapes.items()
-             if k in tensors and tuple(tensors[k].shape) != s]
-    if missing or wrong:
-        raise ValueError(f"{where}: tensors do not match its config.json: missing {missing}, wrong shapes {wrong}")
+    artifacts.check_shapes(tensors, shapes, f"{where}: tensors")
     params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
     d2t = None
     if N is not None:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.base import target_weight
 from specjax.drafters.dflash import DFlashConfig, block_forward, block_inputs, context_features, context_kv, draft_logits
-from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, t2d_from_d2t
 from specjax.models.config import ModelConfig
 from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, sample_anchors, soft_ce, \
     target_features
@@ -81,7 +81,7 @@ def dflash_loss_fn(target_cfg: ModelConfig, config: DFlashConfig, first_label: i
     agreement with the target's argmax (acc<i-1>)."""
     k = block_k or config.block_size - 1
     draft_ids = _draft_ids(config, d2t)
-    in_vocab = None if draft_ids is None else jnp.zeros(config.vocab_size, bool).at[draft_ids].set(True)
+    in_vocab = None if draft_ids is None else jnp.asarray(t2d_from_d2t(d2t, config.vocab_size))
 
     def loss_fn(params, batch, rng, target_params):
         rows, tf = target_features(batch, first_label, target_params, target_cfg, config.target_layers)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import target_weight
-from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, t2d_from_d2t, target_to_draft
 from specjax.drafters.pard import embed_tokens
 from specjax.models.config import ModelConfig
 from specjax.models.llama import lm_head
@@ -158,10 +158,9 @@ def pard_loss_fn(draft_cfg: ModelConfig, target_cfg: ModelConfig, mask_token_ids
     rows, optionally with cached features. Metrics per position: loss and top-1 agreement with the target's
     argmax."""
     head = DraftHead.of(target_cfg.vocab_size, target_embedding, d2t)
-    in_vocab = None if head.draft_ids is None else \
-        jnp.zeros(target_cfg.vocab_size, bool).at[head.draft_ids].set(True)
-    to_draft = None if head.draft_ids is None else \
-        jnp.zeros(target_cfg.vocab_size, jnp.int32).at[head.draft_ids].set(jnp.arange(head.draft_ids.shape[0]))
+    V = target_cfg.vocab_size
+    in_vocab = None if d2t is None else jnp.asarray(t2d_from_d2t(d2t, V))
+    to_draft = None if d2t is None else jnp.maximum(jnp.asarray(target_to_draft(d2t, V)), 0)   # outside: masked
 
     def loss_fn(params, batch, rng, target_params):
         rows, tf = target_features(batch, first_label, target_params, target_cfg)

@@ -55,13 +55,7 @@ def load(path_or_name: str | os.PathLike, target, kind: str) -> MTPWeights:
         raise ValueError(f"{path}: the heads read trunk layer {config.trunk_layer}, the target has "
                          f"{tc.num_layers} decoder layers")
     expected = _expected_shapes(config)
-    missing = sorted(set(expected) - set(tensors))
-    wrong = [f"{k}: {list(tensors[k].shape)} (expected {list(s)})" for k, s in expected.items()
-             if k in tensors and tuple(tensors[k].shape) != s]
-    if missing or wrong:
-        raise ValueError(f"{path}: {kind} weights do not match its config.json"
-                         + (f"; missing {missing[:6]}" if missing else "")
-                         + (f"; wrong shapes {wrong[:4]}" if wrong else ""))
+    artifacts.check_shapes(tensors, expected, f"{path}: {kind} weights")
     group = "modules" if kind == "mtp" else "heads"
     entries = []
     for d in range(config.depth):
