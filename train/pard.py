@@ -211,7 +211,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     for name in ("draft_vocab_size", "from_target_layers", "feature_cache", "length_pool"):
         if getattr(F, name):
             raise ValueError(f"--{name} is for a draft reading the target's embedding (--draft_layers)")
-    draft = load_model(F.init)
+    draft = load_model(F.init, weight_format="float32")     # trainable row-major arrays, not the CPU panels
     check_same_vocabulary(target, draft)
     tokenizer, mask_ids = pard.mask_tokenizer(draft.tokenizer, F.num_masks)
     params, cfg = pard.add_mask_rows(*add_identity_layers(draft.params, draft.config, F.add_layers, F.seed),
