@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specjax.config import SpecConfig
-from specjax.sampling import greedy_token, probabilities
+from specjax.sampling import greedy_token, probabilities, sample
 from specjax.trees import Tree, TreeSpec, children_from_parents, mask_from_parents, path_to_node
 
 
@@ -69,7 +69,7 @@ def chain_sampled(keys: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Arr
         n = leading_true((u * q_d < p_d) & offered)      # u < p/q without dividing; p == 0 never accepts
         q_n = jnp.where(n < lim, q[jnp.minimum(n, k - 1)], 0.0) if k else 0.0
         dist = residual_distribution(p[n], q_n)          # n == lim: q_n = 0, so this is p_{lim+1} (the bonus)
-        return n, jax.random.categorical(k_next, jnp.log(dist)).astype(jnp.int32)
+        return n, sample(k_next, dist)
 
     lim = jnp.full((B,), k, jnp.int32) if limit is None else limit
     return jax.vmap(row)(keys, p_d, q_d, target_probs, draft_probs, _offered(draft_tokens, limit), lim)
@@ -144,7 +144,7 @@ def chain_typical_lossy(keys: jax.Array, draft_tokens: jax.Array, target_probs: 
     typical = p_d > typical_threshold(target_probs[:, :k], posterior_threshold, posterior_alpha)
     n = leading_true(typical & _offered(draft_tokens, limit))
     p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]                  # [B, V]
-    return n, jax.vmap(lambda key, p: jax.random.categorical(key, jnp.log(p)))(keys, p_next).astype(jnp.int32)
+    return n, jax.vmap(sample)(keys, p_next)
 
 
 def tree_typical_lossy(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | TreeSpec,
@@ -160,7 +160,7 @@ def tree_typical_lossy(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Arr
     ok = p_tok > typical_threshold(at_parent, posterior_threshold, posterior_alpha)
     path, n, best = _deepest_accepted(tree_tokens, parents, ok, max_depth)
     p_next = jnp.take_along_axis(target_probs, best[:, None, None], axis=1)[:, 0]
-    nxt = jax.vmap(lambda key, p: jax.random.categorical(key, jnp.log(p)))(keys, p_next).astype(jnp.int32)
+    nxt = jax.vmap(sample)(keys, p_next)
     return path, n, nxt
 
 
@@ -224,7 +224,7 @@ def tree_sampled(keys: jax.Array, tree_tokens: jax.Array, parents: jax.Array | T
 
         node, p, _, _ = lax.while_loop(lambda s: ~s[3], level,
                                        (jnp.int32(0), p_all[0], q_all[0], jnp.bool_(False)))
-        return node, jax.random.categorical(k_next, jnp.log(p)).astype(jnp.int32)
+        return node, sample(k_next, p)
 
     node, next_token = jax.vmap(row)(keys, tree_tokens, kids, draft_probs, target_probs)
     path = path_to_node(parents, node, max_depth)

@@ -7,7 +7,9 @@ import pytest
 
 from specjax import SamplingParams, SpecConfig
 from specjax import verify
-from specjax.sampling import greedy_token, probabilities
+from specjax.sampling import SAMPLE_BLOCK, greedy_token, probabilities, sample
+
+from tests._stats import gof_pvalue
 
 
 def test_transform_greedy_topk_topp():
@@ -20,6 +22,37 @@ def test_transform_greedy_topk_topp():
     np.testing.assert_allclose(p, [[0, 4 / 7, 0, 3 / 7]], atol=1e-6)
     p = probabilities(logits, SamplingParams(0.5))
     np.testing.assert_allclose(p, jax.nn.softmax(logits / 0.5), atol=1e-6)
+
+
+def _frequencies(sampler, probs, draws: int) -> np.ndarray:
+    keys = jax.random.split(jax.random.key(0), draws)
+    tokens = np.asarray(jax.jit(jax.vmap(lambda key: sampler(key, jnp.asarray(probs, jnp.float32))))(keys))
+    return np.bincount(tokens, minlength=len(probs))
+
+
+def test_sample_draws_each_index_with_its_probability():
+    """The two-level inverse CDF against a row of 2.5 blocks (the last one padded) with zeros (the first and last
+    index among them), tiny entries and most mass in a few: a chi-square test that fails a sampler off by one
+    index (planted), and no zero entry ever drawn."""
+    rng = np.random.default_rng(0)
+    V = 2 * SAMPLE_BLOCK + SAMPLE_BLOCK // 2
+    p = rng.dirichlet(np.full(V, 0.3))
+    p[::7] = 0.0
+    p[-1] = 0.0
+    p /= p.sum()
+    counts = _frequencies(sample, p, 200_000)
+    assert counts[p == 0].sum() == 0
+    assert gof_pvalue(counts, p) > 1e-3
+
+    def shifted(key, probs):                       # planted: every draw one index on (the last wraps to 0)
+        return (sample(key, probs) + 1) % probs.shape[-1]
+
+    assert gof_pvalue(_frequencies(shifted, p, 200_000), p) < 1e-6
+    # rows of any leading shape, unnormalized rows, and one-hot rows at block edges
+    assert sample(jax.random.key(1), jnp.ones((2, 3, V))).shape == (2, 3)
+    edges = jnp.array([0, SAMPLE_BLOCK - 1, SAMPLE_BLOCK, V - 1])
+    onehot = 3.0 * jax.nn.one_hot(edges, V)
+    assert jax.vmap(sample)(jax.random.split(jax.random.key(2), 4), onehot).tolist() == edges.tolist()
 
 
 def test_greedy_token_is_argmax():
