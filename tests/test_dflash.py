@@ -93,6 +93,10 @@ def test_artifact_round_trip_and_bad_input(tmp_path, draft_vocab):
         specjax.generate(tiny_model(0, layers=3), prompts, cfg, drafter=str(tmp_path / "d"))
     with pytest.raises(TypeError, match="method='dflash' needs drafter="):
         specjax.generate(target, prompts, cfg)
+    truncated = dataclasses.replace(w, params={k: v for k, v in w.params.items() if k != "fc"})
+    dflash.save(str(tmp_path / "truncated"), truncated, target, "# no fc\n", dtype="float32")
+    with pytest.raises(ValueError, match=r"tensors do not match its config.json; missing \['fc'\]"):
+        dflash.load(str(tmp_path / "truncated"), target)
     if draft_vocab is not None:
         with pytest.raises(ValueError, match="draft_vocab_size is 20 and d2t is None: a draft vocabulary needs its d2t"):
             dflash.DFlashWeights(w.config, w.params, "no-map")

@@ -286,17 +286,10 @@ def load(path_or_name: str, target) -> DFlashWeights:
         cfg = DFlashConfig.from_dict(config)
     except TypeError as e:
         raise ValueError(f"DFlash artifact {path_or_name!r}: config does not describe a DFlash drafter ({e})") from None
-    want = artifacts.flatten_params(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                 jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))))
-    for name, spec in want.items():
-        if name not in tensors:
-            raise ValueError(f"DFlash artifact {path_or_name!r} is missing tensor {name!r}")
-        if tuple(tensors[name].shape) != tuple(spec.shape):
-            raise ValueError(f"DFlash artifact {path_or_name!r}: {name} has shape {tuple(tensors[name].shape)}, "
-                             f"its config needs {tuple(spec.shape)}")
-    params = {k: jnp.asarray(tensors[k]) for k in want if not k.startswith("layers.")}
-    params["layers"] = [{k.split(".", 2)[2]: jnp.asarray(tensors[k]) for k in want if k.startswith(f"layers.{i}.")}
-                        for i in range(cfg.num_layers)]
+    shapes = {k: tuple(v.shape) for k, v in artifacts.flatten_params(
+        jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))).items()}
+    artifacts.check_shapes(tensors, shapes, f"DFlash artifact {path_or_name!r}: tensors")
+    params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
     d2t = None
     if cfg.draft_vocab_size is not None:
         if "d2t" not in tensors:
