@@ -53,6 +53,7 @@ from absl import app, flags
 
 import specjax
 from specjax.models import model_directory
+from specjax.models.model import weight_arrays
 from experiments.costs import fastest_alternating, forward_seconds
 from experiments.engines import (ENGINES, METHODS, Engine, Method, SpecjaxEngine, VllmEngine, build_random_target,
                                  first_difference, top2)
@@ -261,7 +262,7 @@ def main(argv):
                     else:
                         engines[name] = ENGINES[name]()
                     engines[name].load(target_dir, drafters)
-                weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(model.params))
+                weight_bytes = sum(x.size * x.dtype.itemsize for x in weight_arrays(model.params))
                 print(f"{target}: {', '.join(engines)}; {len(prompts)} {FLAGS.prompts} prompts, "
                       f"{FLAGS.max_new_tokens} new tokens, k={FLAGS.k}, batch sizes {batch_sizes}, {FLAGS.rounds} "
                       f"rounds, {threads} threads (OMP_WAIT_POLICY={omp_policy})", flush=True)

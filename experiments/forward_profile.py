@@ -55,7 +55,7 @@ from experiments.tables import text_table, write_table
 from specjax import checkpoints
 from specjax.models.config import ModelConfig
 from specjax.models.llama import init_params
-from specjax.models.model import Model
+from specjax.models.model import Model, weight_arrays
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("targets", ["smollm2-135m", "stdlib-target"], "targets (names or directories load_model takes)")
@@ -158,7 +158,7 @@ def main(argv):
                 print(f"{name}: not a GGUF model, measured without its {weights} format")
                 continue
             models[weights] = load_target(name, weights, dtype)
-        weight_bytes = {w: sum(x.nbytes for x in jax.tree_util.tree_leaves(m.params)) for w, m in models.items()}
+        weight_bytes = {w: sum(x.nbytes for x in weight_arrays(m.params)) for w, m in models.items()}
         cells = list(itertools.product(positions, models, FLAGS.matmul, FLAGS.layer_ops, FLAGS.implementation))
         seconds = {}                 # the fastest of --rounds sweeps (a sweep is every cell once, in turn)
         for _ in range(FLAGS.rounds):

@@ -29,6 +29,7 @@ from specjax import SpecConfig, api, layout, sharding  # noqa: E402
 from specjax.models import Model  # noqa: E402
 from specjax.models.config import ModelConfig  # noqa: E402
 from specjax.models.llama import init_params  # noqa: E402
+from specjax.models.model import weight_arrays  # noqa: E402
 from experiments import costs  # noqa: E402
 from experiments.tables import write_table  # noqa: E402
 
@@ -69,7 +70,7 @@ def main(_):
             "draft_model": (SpecConfig(method="draft_model", num_speculative_tokens=FLAGS.k,
                                        max_new_tokens=FLAGS.new_tokens), draft)}
     cfg = target.config
-    param_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
+    param_bytes = sum(x.nbytes for x in weight_arrays(target.params))
     print(f"{jax.device_count()} devices ({jax.devices()[0].platform}); model {cfg.num_layers}L h{cfg.hidden_size} "
           f"{cfg.num_heads}q/{cfg.num_kv_heads}kv heads, vocab {cfg.vocab_size}, "
           f"{target.config.num_params() / 1e6:.1f}M params ({param_bytes / 2**20:.1f} MiB f32); batch "

@@ -1,7 +1,9 @@
 """load_model(weight_format="panels") / to_panels: the same float32 values rearranged for the CPU kernel (each layer
 matrix a PanelMatrix, q/k/v and gate/up fused). The model's logits are the float32 model's bit for bit, and so is
 its greedy output, plain and speculative (a chain that shares the target's layers, a draft model, a tree), batch 1
-and 3; a mesh and an HF export read them back row-major; load_model takes panels by default where the kernel runs."""
+and 3; a mesh and an HF export read them back row-major; load_model takes panels by default where the kernel runs.
+A tied head whose vocabulary the kernel takes (a multiple of 16) gets panels of its own: the hidden states stay bit
+for bit, the logits equal up to float32 rounding, and speculative greedy output is its plain greedy output."""
 from __future__ import annotations
 
 import jax
@@ -15,7 +17,9 @@ from cpu_kernels.small_m_matmul import PanelMatrix
 from specjax import SpecConfig
 from specjax.models.hf_io import load_pretrained
 from specjax.models.model import Model, from_panels, to_panels
-from tiny import BASELINE_MAX_NEW, ragged_prompts
+from specjax.cache import KVCache
+from specjax.models.llama import forward
+from tiny import BASELINE_MAX_NEW, ragged_prompts, tiny_model
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
 
@@ -71,3 +75,35 @@ def test_load_model_chooses_panels_where_the_kernel_runs(monkeypatch):
     assert "wq" in specjax.load_model("stdlib-draft", dtype=jnp.bfloat16).params["layers"][0]
     monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
     assert "wq" in specjax.load_model("stdlib-draft").params["layers"][0]
+
+
+def test_a_tied_head_in_panels_of_its_own(draft):
+    """vocab 64: to_panels adds head_panels (embed.T), which the model's head and a drafter reading the target's
+    output head (layer-skip) both use; from_panels drops it; counts see the embedding once."""
+    from specjax.models.model import weight_arrays
+    from specjax.drafters.base import target_weight
+    row_major = tiny_model(3, vocab=64, tie_word_embeddings=True)
+    panels = Model(row_major.config, to_panels(row_major.params), None, "tiny64-panels")
+    head = panels.params["head_panels"]
+    assert isinstance(head, PanelMatrix) and head.shape == (32, 64)
+    np.testing.assert_array_equal(np.asarray(head.dequantize()), np.asarray(row_major.params["embed"]).T)
+    assert set(target_weight(panels.params, "output_head")) == {"head_panels"}
+    assert "head_panels" not in from_panels(panels.params, panels.config)
+    assert sum(x.size for x in weight_arrays(panels.params)) == row_major.config.num_params()
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 11)), jnp.int32)
+    cache = lambda m: KVCache.init(m.config.num_layers, 2, 16, m.config.num_kv_heads, m.config.head_dim)
+    out_panels = forward(panels.params, panels.config, ids, cache(panels))
+    out_rows = forward(row_major.params, row_major.config, ids, cache(row_major))
+    np.testing.assert_array_equal(np.asarray(out_panels.hidden), np.asarray(out_rows.hidden))
+    np.testing.assert_allclose(np.asarray(out_panels.logits), np.asarray(out_rows.logits), rtol=1e-5, atol=1e-5)
+    zeroed = {**panels.params, "head_panels": PanelMatrix(jnp.zeros_like(head.panels))}     # the head read is its own
+    assert not np.any(np.asarray(forward(zeroed, panels.config, ids, cache(panels)).logits))
+    skip = dict(drafter_options=dict(skip_layers=[1]))
+    for batch in (1, 3):
+        prompts = ragged_prompts(batch, vocab=64, seed=batch)
+        plain = specjax.generate(panels, prompts, SpecConfig(max_new_tokens=BASELINE_MAX_NEW)).tokens
+        for method, opts, drafter in (("ngram", dict(num_speculative_tokens=4), None),
+                                      ("layer_skip", dict(num_steps=2, topk=2, num_draft_tokens=4, **skip), None),
+                                      ("layer_skip", dict(num_speculative_tokens=3, **skip), None)):
+            cfg = SpecConfig(method=method, max_new_tokens=BASELINE_MAX_NEW, **opts)
+            assert specjax.generate(panels, prompts, cfg, drafter=drafter).tokens == plain, (method, batch)

@@ -25,6 +25,7 @@ import numpy as np
 
 from specjax.drafters import medusa
 from specjax.drafters.base import target_weight
+from specjax.models.model import from_panels
 from train import data, loop, self_distill, skeleton
 from train.losses.common import max_label_span
 from train.losses.medusa import medusa_accuracy, medusa_loss_fn
@@ -89,7 +90,9 @@ def build(run: skeleton.Run) -> skeleton.Parts:
                              f"layers ({loaded.layout}); the flags ask for {F.num_heads} x {F.num_layers} ({F.layout})")
     else:
         heads = medusa.init_heads(None, F.num_heads, F.num_layers, target_weight(target.params, "lm_head"), F.layout)
-    params = {"heads": heads, "target": target.params} if F.medusa2 else heads
+    # Medusa-2 trains the target: its row-major arrays (a tied head's panels copy would train apart from the embedding)
+    trained_target = jax.tree.map(jnp.asarray, from_panels(target.params, cfg)) if F.medusa2 else None
+    params = {"heads": heads, "target": trained_target} if F.medusa2 else heads
     loss_fn = medusa_loss_fn(cfg, F.head_decay, prompt_len, joint=F.medusa2, kl_weight=F.kl_weight,
                              heads_weight=F.heads_weight, soft_labels=F.soft_labels,
                              max_span=max_label_span(train_rows, prompt_len))

@@ -35,7 +35,8 @@ from specjax.trees import Tree, TreeSpec
 # Target weights a drafter may declare in `target_weights`: the token embedding [V, H], the LM head [H, V] (the
 # transposed embedding when tied), the final norm [H], the decoder layers (the list of layer dicts, as laid out for
 # the mesh: llama.forward reads them as the target's forward does), and the output head as the target stores it
-# (a dict for specjax.models.llama.lm_head: {"lm_head": [H, V]}, or the tied {"embed": [V, H]} / {"embed_blocks"}):
+# (a dict for specjax.models.llama.lm_head: {"lm_head": [H, V]}, or the tied {"embed": [V, H]} / {"head_panels"} /
+# {"embed_blocks"}):
 # a drafter projecting through the target's head at decode time reads this one, so the product is the target's own
 # (the CPU kernel reads a tied embedding in place; "lm_head" of a tied target is a transpose, which a kernel call
 # would copy whole).
@@ -143,6 +144,8 @@ def target_weight(target_params: dict, name: str, vocab_size: int | None = None)
     if name == "output_head":
         if "lm_head" in target_params:
             return {"lm_head": target_weight(target_params, "lm_head", vocab_size)}
+        if "head_panels" in target_params:     # a tied head's own panels (load_model's panels format)
+            return {"head_panels": target_params["head_panels"]}
         if "embed_blocks" in target_params:
             blocks = target_params["embed_blocks"]
             if vocab_size is not None and blocks.shape[0] != vocab_size:

@@ -165,6 +165,8 @@ def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> j
     different tokens than one device does; cut, every later shape (and random draw) is the one-device one."""
     if "lm_head" in params:
         logits = matmul(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
+    elif "head_panels" in params:      # the tied embedding's transpose in panels (load_model's panels format)
+        logits = matmul(hidden, params["head_panels"])
     elif "embed_blocks" in params:     # the tied embedding's quantized blocks (the same values as embed)
         logits = matmul(hidden, params["embed_blocks"], transposed=True)
     else:

@@ -86,12 +86,15 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     kernels built and on, float32, no mesh), else "float32". "float32": row-major arrays. "panels": the same
     values, each decoder-layer matrix rearranged for the CPU kernel (cpu_kernels.small_m_matmul.PanelMatrix: each
     half of its rows in 16-column panels, so that a core streams one contiguous block where a row-major matrix puts
-    a strip's rows a page apart) and q/k/v and gate/up fused into one product each: the float32 model's logits bit
-    for bit wherever the kernel computes them (up to 1024 rows a call: a training batch runs XLA's dot over the
-    fused matrices, float32 rounding apart), any model, float32, no mesh; generate(mesh=...) and save_pretrained read
-    the panels back row-major. Or "gguf" for a GGUF file whose decoder-layer matrices are Q4_1 (SmolLM2's): those
-    matrices stay in the file's blocks (0.75 bytes per weight instead of 4), q/k/v and gate/up fused, and a Q8_0
-    tied embedding also serves as the LM head in its blocks (1.125 bytes; the float32 embedding stays for lookups).
+    a strip's rows a page apart) and q/k/v and gate/up fused into one product each: the float32 model's hidden states
+    bit for bit wherever the kernel computes them (up to 1024 rows a call: a training batch runs XLA's dot over the
+    fused matrices, float32 rounding apart); a tied LM head also gets panels of its own (head_panels: embed.T, a
+    second copy of the embedding, which stays for lookups), summed in the layers' order rather than the row-major
+    head's, so the logits equal the float32 model's up to float32 rounding. Any model, float32, no mesh;
+    generate(mesh=...) and save_pretrained read the panels back row-major. Or "gguf" for a GGUF file whose
+    decoder-layer matrices are Q4_1 (SmolLM2's): those matrices stay in the file's blocks (0.75 bytes per weight
+    instead of 4), q/k/v and gate/up fused, and a Q8_0 tied embedding also serves as the LM head in its blocks
+    (1.125 bytes; the float32 embedding stays for lookups).
     The CPU kernel reads them. The model computes exactly what the float32 one does (the blocks hold the same
     values, checked at load, and the kernel sums them in the float32 kernel's order); on a CPU a decode step reads
     a third of the bytes. Inference only (no gradient through the blocks), float32, no mesh.
@@ -138,8 +141,10 @@ def panels_apply() -> bool:
 
 def to_panels(params: dict) -> dict:
     """A Llama-family model's float32 params with every decoder-layer matrix the kernel takes as a PanelMatrix, q/k/v
-    and gate/up fused into wqkv and w_gate_up where all of theirs are (specjax.models.llama); the rest (norms,
-    biases, embeddings) unchanged: load_model(weight_format="panels") for a model already in memory."""
+    and gate/up fused into wqkv and w_gate_up where all of theirs are (specjax.models.llama), and a tied LM head's
+    own panels (head_panels, embed.T: the kernel over panels streams the head faster than over the embedding
+    read transposed, and at 4-64 rows computes it in a fraction of the time); the rest (norms, biases, the
+    embedding) unchanged: load_model(weight_format="panels") for a model already in memory."""
     takes = lambda w: w.shape[0] % 2 == 0 and w.shape[1] % 16 == 0
     layers = []
     for lp in params["layers"]:
@@ -152,12 +157,23 @@ def to_panels(params: dict) -> dict:
                 lp[key] = PanelMatrix.from_dense(lp[key])
         layers.append({k: PanelMatrix(jnp.asarray(w.panels)) if isinstance(w, PanelMatrix) else w
                        for k, w in lp.items()})
-    return {**params, "layers": layers}
+    out = {**params, "layers": layers}
+    if "lm_head" not in params and "embed_blocks" not in params and takes(params["embed"].T):
+        out["head_panels"] = PanelMatrix(jnp.asarray(PanelMatrix.from_dense(np.asarray(params["embed"]).T).panels))
+    return out
+
+
+def weight_arrays(params: dict) -> list:
+    """Every weight array of a model's params once (what counts of its parameters and of the bytes a forward reads
+    sum): a tied head's panels (head_panels) hold the embedding's values again and are left out."""
+    return jax.tree_util.tree_leaves({k: v for k, v in params.items() if k != "head_panels"})
 
 
 def from_panels(params: dict, cfg: ModelConfig) -> dict:
     """to_panels undone: every PanelMatrix back to its row-major array, wqkv and w_gate_up split into their
-    matrices (numpy arrays). Params without panels are returned as they are."""
+    matrices (numpy arrays), head_panels dropped (the embedding holds its values). Params without panels are
+    returned as they are."""
+    params = {k: v for k, v in params.items() if k != "head_panels"}
     layers = params.get("layers")
     if not isinstance(layers, (list, tuple)) or not any(
             isinstance(w, PanelMatrix) for lp in layers if isinstance(lp, dict) for w in lp.values()):
