@@ -16,8 +16,9 @@ from cpu_kernels import build
 from cpu_kernels.small_m_matmul import PanelMatrix
 from specjax import SpecConfig
 from specjax.models.hf_io import load_pretrained
-from specjax.models.model import Model, from_panels, to_panels
+from specjax.models.model import Model, from_panels, to_panels, weight_arrays
 from specjax.cache import KVCache
+from specjax.drafters.base import target_weight
 from specjax.models.llama import forward
 from tiny import BASELINE_MAX_NEW, ragged_prompts, tiny_model
 
@@ -77,11 +78,9 @@ def test_load_model_chooses_panels_where_the_kernel_runs(monkeypatch):
     assert "wq" in specjax.load_model("stdlib-draft").params["layers"][0]
 
 
-def test_a_tied_head_in_panels_of_its_own(draft):
+def test_a_tied_head_in_panels_of_its_own():
     """vocab 64: to_panels adds head_panels (embed.T), which the model's head and a drafter reading the target's
     output head (layer-skip) both use; from_panels drops it; counts see the embedding once."""
-    from specjax.models.model import weight_arrays
-    from specjax.drafters.base import target_weight
     row_major = tiny_model(3, vocab=64, tie_word_embeddings=True)
     panels = Model(row_major.config, to_panels(row_major.params), None, "tiny64-panels")
     head = panels.params["head_panels"]

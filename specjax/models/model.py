@@ -166,14 +166,18 @@ def to_panels(params: dict) -> dict:
 def weight_arrays(params: dict) -> list:
     """Every weight array of a model's params once (what counts of its parameters and of the bytes a forward reads
     sum): a tied head's panels (head_panels) hold the embedding's values again and are left out."""
-    return jax.tree_util.tree_leaves({k: v for k, v in params.items() if k != "head_panels"})
+    return jax.tree_util.tree_leaves(_without_head_panels(params))
+
+
+def _without_head_panels(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k != "head_panels"}
 
 
 def from_panels(params: dict, cfg: ModelConfig) -> dict:
     """to_panels undone: every PanelMatrix back to its row-major array, wqkv and w_gate_up split into their
     matrices (numpy arrays), head_panels dropped (the embedding holds its values). Params without panels are
     returned as they are."""
-    params = {k: v for k, v in params.items() if k != "head_panels"}
+    params = _without_head_panels(params)
     layers = params.get("layers")
     if not isinstance(layers, (list, tuple)) or not any(
             isinstance(w, PanelMatrix) for lp in layers if isinstance(lp, dict) for w in lp.values()):
