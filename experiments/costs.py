@@ -463,8 +463,9 @@ def roofline_inputs(model, context: int) -> dict:
     """The model-side arguments of specjax.analysis.roofline_step_time / batch_roofline for `model` at
     `context` tokens: weight bytes, KV bytes per cached token, FLOPs per new token (matmuls + attention)."""
     cfg = model.config
-    params = sum(x.size for x in weight_arrays(model.params))
-    itemsize = weight_arrays(model.params)[0].dtype.itemsize
+    arrays = weight_arrays(model.params)
+    params = sum(x.size for x in arrays)
+    itemsize = arrays[0].dtype.itemsize
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize
     attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
     return dict(param_bytes=params * itemsize, kv_bytes_per_token=kv_per_token, context_len=context,

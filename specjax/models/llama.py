@@ -161,8 +161,8 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
     """hidden [..., H] -> float32 logits [..., vocab_size]. A vocabulary padded for a mesh is cut off here rather
-    than masked: sampling draws one Gumbel variate per vocabulary entry, so a wider distribution would draw
-    different tokens than one device does; cut, every later shape (and random draw) is the one-device one."""
+    than masked, so that every later shape, reduction over the vocabulary and random draw is the one-device one
+    (a wider distribution, even one with zeros in its padding, could round or draw differently)."""
     if "lm_head" in params:
         logits = matmul(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
     elif "head_panels" in params:      # the tied embedding's transpose in panels (load_model's panels format)
