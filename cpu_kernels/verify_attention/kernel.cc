@@ -50,11 +50,15 @@ inline vec exp_nonpositive(vec x) {
   return y * reinterpret_cast<const vec&>(bits);
 }
 
-// A work unit is up to kRows query rows of one (batch row, kv head): their scores share each load of keys and their
-// outputs each load of values. Units are spread over XLA's intra-op threads; a row's operations do not depend on
-// which unit or thread computes it.
-constexpr int kRows = 6;
-// output columns (d) per pass: kRows x 4 accumulators of 32 registers with AVX-512, kRows x 2 of 16 elsewhere
+// A work unit is up to kRows query rows of one (batch row, kv head): their scores share each load of keys (kRows x 2
+// accumulators) and their outputs each load of values. A row's operations do not depend on which unit or thread
+// computes it. With AVX-512 a unit of 8 rows holds a verify pass's 5 positions x 3 heads of a kv head (SmolLM2) in
+// two units where 6 took three, each reading the keys and values again.
+constexpr int kRows = kLanes == 16 ? 8 : 6;
+// The values are weighed for up to kWeighRows rows at a time, kChunkVectors output vectors (d) per pass: kWeighRows x 4
+// accumulators of 32 registers with AVX-512, kWeighRows x 2 of 16 elsewhere; a unit of more rows is weighed in two
+// even parts, the second reading the values from this core's cache.
+constexpr int kWeighRows = 6;
 constexpr int kChunkVectors = kLanes == 16 ? 4 : 2;
 
 struct Problem {
@@ -77,9 +81,10 @@ void score_rows(const float* q, int64_t D, const float* k, int64_t S, int64_t c0
   for (; c + 2 * kLanes <= c1; c += 2 * kLanes) {
     vec a[RB] = {}, b[RB] = {};
     for (int64_t d = 0; d < D; ++d) {
-      // the next pair of columns' lines: the keys' rows are S floats apart, 64 streams the hardware does not follow
-      __builtin_prefetch(k + d * S + c + 2 * kLanes);
-      __builtin_prefetch(k + d * S + c + 3 * kLanes);
+      // the lines two column pairs on, into L2: the keys' rows are S floats apart, 64 streams the hardware does not
+      // follow (one pair on, into L1, was ~7% slower in a SmolLM2 forward)
+      __builtin_prefetch(k + d * S + c + 4 * kLanes, 0, 1);
+      __builtin_prefetch(k + d * S + c + 5 * kLanes, 0, 1);
       const vec k0 = load(k + d * S + c), k1 = load(k + d * S + c + kLanes);
       for (int r = 0; r < RB; ++r) {
         const vec qd = splat<vec>(q[r * D + d]);
@@ -169,7 +174,7 @@ constexpr std::array<std::array<WeighFn, kChunkVectors>, sizeof...(RB)> weigh_ta
   return {weigh_row<RB + 1>(std::make_integer_sequence<int, kChunkVectors>{})...};
 }
 const auto kScore = score_table(std::make_integer_sequence<int, kRows>{});                 // [rows - 1]
-const auto kWeigh = weigh_table(std::make_integer_sequence<int, kRows>{});                 // [rows - 1][vectors - 1]
+const auto kWeigh = weigh_table(std::make_integer_sequence<int, kWeighRows>{});                // [rows - 1][vectors - 1]
 
 // Rows [r0, r1) of (batch row b, kv head h); row r is query position r / G of head h * G + r % G.
 void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
@@ -245,8 +250,9 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   // Prefix columns for all rows at once, then each row's new columns, in column order per output element (the
   // dimensions past the last full vector by scalar fused multiply-adds in the same order).
   const int64_t DV = D / kLanes, tail = DV * kLanes;
-  for (int64_t i = 0; i < R; i += kRows) {
-    const int64_t rows = std::min<int64_t>(kRows, R - i);
+  const int64_t parts = (R + kWeighRows - 1) / kWeighRows;
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t i = R * part / parts, rows = R * (part + 1) / parts - i;
     for (int64_t j = 0; j < DV; j += kChunkVectors) {
       const int64_t nv = std::min<int64_t>(kChunkVectors, DV - j);
       kWeigh[rows - 1][nv - 1](p + i, vb, D, lo, prefix_end, o + i, j * kLanes);
@@ -268,6 +274,11 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   }
 }
 
+// Shares per thread: enough that a late-starting pool thread does not leave one share's worth of rows to the caller
+// (two shares were ~10% slower than kRows-row units at batch 1), few enough that a share holds whole kv heads at
+// batch 8.
+constexpr int64_t kSharesPerPart = 4;
+
 ffi::Error VerifyAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                            ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::U8> mask,
                            ffi::Buffer<ffi::S32> q_positions, ffi::ResultBuffer<ffi::F32> out, float scale,
@@ -284,10 +295,21 @@ ffi::Error VerifyAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     return ffi::Error::InvalidArgument("verify_attention: shapes do not form q [B, T, Hq, D], keys "
                                        "[B, Hkv, D, S], values [B, Hkv, S, D], "
                                        "lengths [B], mask [1 or B, T, T], q_positions [B, T]");
-  const int64_t R = s.T * (s.Hq / s.Hkv), blocks = (R + kRows - 1) / kRows;
-  run_parts(pool, parts, static_cast<int>(s.B * s.Hkv * blocks), [&s, blocks, R](int unit) {
-    const int64_t bh = unit / blocks, r0 = unit % blocks * kRows;
-    attend(s, bh / s.Hkv, bh % s.Hkv, r0, std::min<int64_t>(R, r0 + kRows));
+  // The (batch row, kv head) pairs' rows in one sequence, cut into up to kSharesPerPart x parts equal shares of at
+  // least kRows rows; a share takes its rows pair by pair, in even units of up to kRows, so a pair's keys and values
+  // come from memory once per share that holds it and from this core's cache for its further units (units spread
+  // over the threads one by one read them from memory, or another core's cache, every time: batch 8 at T = 4
+  // spent ~30% more in attention).
+  const int64_t R = s.T * (s.Hq / s.Hkv), total = s.B * s.Hkv * R;
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(kSharesPerPart * parts, (total + kRows - 1) / kRows));
+  run_parts(pool, parts, static_cast<int>(shares), [&s, R, total, shares](int share) {
+    const int64_t f0 = total * share / shares, f1 = total * (share + 1) / shares;
+    for (int64_t bh = f0 / R; bh * R < f1; ++bh) {
+      const int64_t a = std::max(f0, bh * R) - bh * R, z = std::min(f1, (bh + 1) * R) - bh * R;
+      const int64_t units = (z - a + kRows - 1) / kRows;
+      for (int64_t u = 0; u < units; ++u)
+        attend(s, bh / s.Hkv, bh % s.Hkv, a + (z - a) * u / units, a + (z - a) * (u + 1) / units);
+    }
   });
   return ffi::Error::Success();
 }
