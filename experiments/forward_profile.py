@@ -22,11 +22,14 @@ is at hand (a forward's cost does not depend on the weights' values).
 
 Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
 compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
-loop run under jax.profiler, every executed XLA thunk summed by kind (its HLO name without the numeric suffix, e.g.
-`dot`, `ynn_fusion`: a matmul handed to YNNPACK, `copy`, `select_bitcast_fusion`) on every host thread, so a kind
-that runs on two threads at once counts twice: `thread ms` is CPU time per forward, not wall time. The kinds that
-grow with T are where a verify pass loses to a one-position step; the matmul kinds against the weight bytes give
-the bandwidth each reaches (`GB/s`: weight bytes / the kind's thread time, for the matmul kinds).
+loop run under jax.profiler, every executed XLA thunk summed by --breakdown_by: its signature (the default: the CPU
+kernel or XLA opcode with its result shape, e.g. `specjax_small_m_matmul_panels f32[5,3072]`,
+`specjax_verify_attention f32[1,5,9,64]`, `wrapped_scatter f32[1,3,64,338]`) or its kind (the HLO name without the
+numeric suffix, e.g. `dot`, `ynn_fusion`: a matmul handed to YNNPACK, `copy`; every CPU kernel is one `ffi_call`), on
+every host thread, so an operation that runs on two threads at once counts twice: `thread ms` is CPU time per
+forward, not wall time (a CPU kernel's thunk spans its call, whatever threads it fans out to). The operations that
+grow with T are where a verify pass loses to a one-position step; the matmuls against the weight bytes give the
+bandwidth they reach (`matmul_GB_s`: weight bytes / the matmuls' thread time).
 
 Compute floor (--roofline, the default): the machine's float32 peak as XLA reaches it (a 1024-cubed matmul,
 costs.machine_roofline) against each forward's FLOPs (costs.roofline_inputs: 2 per weight and token, plus attention
@@ -58,27 +61,7 @@ from specjax.models.llama import init_params
 from specjax.models.model import Model, weight_arrays
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("targets", ["smollm2-135m", "stdlib-target"], "targets (names or directories load_model takes)")
-flags.DEFINE_list("positions", ["1", "2", "3", "5", "9", "17"], "T: positions per forward")
-flags.DEFINE_integer("context", 332, "tokens of history in the cache")
-flags.DEFINE_integer("batch", 1, "rows per forward")
-flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
-flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
-flags.DEFINE_list("weight_format", ["auto"], "the target's weights, side by side: auto (load_model's default), "
-                  "float32 (row-major), panels (the same "
-                  "values in the kernel's panels), gguf, gguf_int8 (a GGUF target's own blocks, load_model("
-                  "weight_format=); other targets without them; random targets in float32 only)")
-flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
-flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
-                  "default), xla")
-flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
-                     "machine's slow phases hit every cell alike)")
-flags.DEFINE_list("implementation", ["xla"], "attention paths, measured side by side: xla, pallas")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the weights' (and KV cache's) dtype")
-flags.DEFINE_bool("roofline", True, "also measure this machine's float32 matmul peak (costs.machine_roofline) and give "
-                  "each row the FLOP rate it reached and its compute floor: the T-position forward's FLOPs at that peak "
-                  "over the measured T = 1 time, the least vs_one this machine allows unless T = 1 itself got slower")
-flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
+BREAKDOWNS = ("signature", "kind")     # what a breakdown sums its thread time under (breakdown's `by`)
 
 # Architectures for `random:<shape>` targets (tied embeddings as in the published models).
 RANDOM_SHAPES = {
@@ -89,17 +72,30 @@ RANDOM_SHAPES = {
                             num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0,
                             tie_word_embeddings=True),
 }
-MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion")
+MATMUL_KINDS = ("dot", "ynn_fusion", "copy_dot_fusion", "xnn_fusion", "onednn_fusion", "specjax_small_m_matmul")
+
+
+def is_matmul(operation: str) -> bool:
+    """A breakdown key (a kind, or a signature: the kind or kernel, then the shape) that is a matrix product."""
+    return operation.split(" ")[0].startswith(MATMUL_KINDS)
 INNER = 8
 
 
-def breakdown(model, T: int, batch: int, context: int, calls: int = 3) -> dict[str, tuple[float, float]]:
-    """{operation kind: (thread ms per forward, executions per forward)} from a profile of `calls` calls."""
+def breakdown(model, T: int, batch: int, context: int, calls: int = 3,
+              by: str = "signature") -> dict[str, tuple[float, float]]:
+    """{operation: (thread ms per forward, executions per forward)} from a profile of `calls` calls. by: "kind"
+    (the HLO name less its number: every CPU kernel is one `ffi_call`) or "signature" (costs.hlo_signatures: the
+    kernel or opcode with its result shape, e.g. `specjax_verify_attention f32[1,5,9,64]`)."""
+    if by not in BREAKDOWNS:
+        raise ValueError(f"breakdown by={by!r}: one of {list(BREAKDOWNS)}")
     fn, params, cache = costs.looped_forward(model, context, T, batch, inner=INNER)
     fresh = lambda: jax.tree.map(jnp.copy, cache)               # the loop donates its cache
     jax.block_until_ready(fn(params, fresh()))
+    names = None
+    if by == "signature":
+        names = costs.hlo_signatures(fn.func.lower(params, fresh(), **fn.keywords).compile().as_text())
     caches = iter([jax.block_until_ready(fresh()) for _ in range(calls)])    # copied before the profile
-    kinds = costs.thunk_profile(lambda: fn(params, next(caches)), calls)
+    kinds = costs.thunk_profile(lambda: fn(params, next(caches)), calls, names)
     n = calls * INNER
     return {kind: (ms / n, count / n) for kind, (ms, count) in kinds.items()}
 
@@ -135,6 +131,34 @@ def load_target(name: str, weights: str, dtype) -> specjax.Model:
     if shape not in RANDOM_SHAPES:
         raise app.UsageError(f"unknown random target shape {shape!r}: choose from {sorted(RANDOM_SHAPES)}")
     return Model(RANDOM_SHAPES[shape], init_params(RANDOM_SHAPES[shape], jax.random.PRNGKey(0), dtype), name=name)
+
+
+def define_flags() -> None:
+    """The entry point's flags (defined only when run as a program, so tests import this module beside others)."""
+    flags.DEFINE_list("targets", ["smollm2-135m", "stdlib-target"], "targets (names or directories load_model takes)")
+    flags.DEFINE_list("positions", ["1", "2", "3", "5", "9", "17"], "T: positions per forward")
+    flags.DEFINE_integer("context", 332, "tokens of history in the cache")
+    flags.DEFINE_integer("batch", 1, "rows per forward")
+    flags.DEFINE_integer("top", 8, "operation kinds listed per forward")
+    flags.DEFINE_bool("breakdown", True, "profile each forward by XLA operation")
+    flags.DEFINE_enum("breakdown_by", "signature", list(BREAKDOWNS), "the breakdown's key: signature (the CPU "
+                      "kernel or XLA opcode and its result shape) or kind (the HLO name less its number; the CPU "
+                      "kernels all `ffi_call`)")
+    flags.DEFINE_list("weight_format", ["auto"], "the target's weights, side by side: auto (load_model's "
+                      "default), float32 (row-major), panels (the same values in the kernel's panels), gguf, gguf_int8 (a GGUF target's own blocks, load_model("
+                      "weight_format=); other targets without them; random targets in float32 only)")
+    flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
+    flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
+                      "default), xla")
+    flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
+                         "machine's slow phases hit every cell alike)")
+    flags.DEFINE_list("implementation", ["xla"], "attention paths, measured side by side: xla, pallas")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the weights' (and KV cache's) dtype")
+    flags.DEFINE_bool("roofline", True, "also measure this machine's float32 matmul peak (costs.machine_roofline) "
+                      "and give each row the FLOP rate it reached and its compute floor: the T-position forward's "
+                      "FLOPs at that peak over the measured T = 1 time, the least vs_one this machine allows unless "
+                      "T = 1 itself got slower")
+    flags.DEFINE_string("out", "runs/forward_profile", "path stem of the table")
 
 
 def main(argv):
@@ -180,8 +204,8 @@ def main(argv):
                 row.update(gflop_s=flops / sec / 1e9, compute_floor_vs_one=max(one, flops / peak_flops) / one)
             if FLAGS.breakdown:
                 with kernel_paths(path, ops):
-                    kinds = breakdown(model, T, FLAGS.batch, FLAGS.context)
-                matmul_ms = sum(ms for k, (ms, _) in kinds.items() if k in MATMUL_KINDS)
+                    kinds = breakdown(model, T, FLAGS.batch, FLAGS.context, by=FLAGS.breakdown_by)
+                matmul_ms = sum(ms for k, (ms, _) in kinds.items() if is_matmul(k))
                 row.update(thread_ms=sum(ms for ms, _ in kinds.values()), matmul_thread_ms=matmul_ms,
                            matmul_GB_s=weight_bytes[weights] / (matmul_ms / 1e3) / 1e9 if matmul_ms else None,
                            ops={k: {"thread_ms": round(ms, 3), "per_forward": round(c, 1)}
@@ -206,4 +230,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from specjax import SpecConfig, api
 from specjax.decode import PROGRAM_PARTS
 from specjax.models.model import Model
-from experiments import costs, harness, prompts, tables
+from experiments import costs, forward_profile, harness, prompts, tables
 from conformance_factories import FACTORIES, Case
 from tiny import ragged_prompts
 
@@ -257,6 +257,21 @@ def test_loop_profile_by_part(target, near_draft):
     spec = harness.loop_profile(target, ids, config, near_draft, calls=1, top=50, by="part")
     assert set(spec["ops"]) <= set(PROGRAM_PARTS) | {costs.LOOP_CONTROL}, list(spec["ops"])
     assert {"target_forward", "propose", "accept"} <= set(spec["ops"])
+
+
+def test_forward_breakdown_by_signature_names_each_kernel_and_shape(target):
+    """forward_profile's breakdown by signature: every key a kernel's or opcode's name with its result shape, the
+    matrix products among them (what its matmul GB/s is computed from), a product per forward at least once per
+    layer; by kind the CPU kernels are one `ffi_call`; an unknown grouping is refused by name."""
+    ops = forward_profile.breakdown(target, 3, 1, 8, calls=1)
+    assert ops and all(" " in key and "[" in key for key in ops), list(ops)
+    matmuls = [key for key in ops if forward_profile.is_matmul(key)]
+    assert matmuls and sum(ops[key][1] for key in matmuls) >= target.config.num_layers, ops
+    assert not any(forward_profile.is_matmul(key) for key in ops if key.startswith("specjax_verify_attention"))
+    kinds = forward_profile.breakdown(target, 3, 1, 8, calls=1, by="kind")
+    assert not any("[" in key for key in kinds)
+    with pytest.raises(ValueError, match="signature"):
+        forward_profile.breakdown(target, 3, 1, 8, by="shape")
 
 
 def test_experiment_modules_the_tests_import_load_together():
