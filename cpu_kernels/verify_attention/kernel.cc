@@ -295,12 +295,13 @@ ffi::Error VerifyAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     return ffi::Error::InvalidArgument("verify_attention: shapes do not form q [B, T, Hq, D], keys "
                                        "[B, Hkv, D, S], values [B, Hkv, S, D], "
                                        "lengths [B], mask [1 or B, T, T], q_positions [B, T]");
-  // The (batch row, kv head) pairs' rows in one sequence, cut into up to kSharesPerPart x parts equal shares of at
-  // least kRows rows; a share takes its rows pair by pair, in even units of up to kRows, so a pair's keys and values
-  // come from memory once per share that holds it and from this core's cache for its further units (units spread
-  // over the threads one by one read them from memory, or another core's cache, every time: batch 8 at T = 4
-  // spent ~30% more in attention).
+  // The (batch row, kv head) pairs' rows in one sequence, cut into equal shares, one per kRows rows up to
+  // kSharesPerPart x parts; a share takes its rows pair by pair, in even units of up to kRows, so a pair's keys and
+  // values come from memory once per share that holds it and from this core's cache for its further units (units
+  // spread over the threads one by one read them from memory, or another core's cache, every time: SmolLM2 at
+  // batch 8, T = 4 spent a third more in attention).
   const int64_t R = s.T * (s.Hq / s.Hkv), total = s.B * s.Hkv * R;
+  if (total == 0) return ffi::Error::Success();           // no query rows (T = 0 or an empty batch)
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(kSharesPerPart * parts, (total + kRows - 1) / kRows));
   run_parts(pool, parts, static_cast<int>(shares), [&s, R, total, shares](int share) {
     const int64_t f0 = total * share / shares, f1 = total * (share + 1) / shares;
