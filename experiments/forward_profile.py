@@ -145,8 +145,9 @@ def define_flags() -> None:
                       "kernel or XLA opcode and its result shape) or kind (the HLO name less its number; the CPU "
                       "kernels all `ffi_call`)")
     flags.DEFINE_list("weight_format", ["auto"], "the target's weights, side by side: auto (load_model's "
-                      "default), float32 (row-major), panels (the same values in the kernel's panels), gguf, gguf_int8 (a GGUF target's own blocks, load_model("
-                      "weight_format=); other targets without them; random targets in float32 only)")
+                      "default), float32 (row-major), panels (the same values in the kernel's panels), gguf, "
+                      "gguf_int8 (a GGUF target's own blocks, load_model(weight_format=); other targets without "
+                      "them; random targets in float32 only)")
     flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
     flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
                       "default), xla")

@@ -174,7 +174,7 @@ constexpr std::array<std::array<WeighFn, kChunkVectors>, sizeof...(RB)> weigh_ta
   return {weigh_row<RB + 1>(std::make_integer_sequence<int, kChunkVectors>{})...};
 }
 const auto kScore = score_table(std::make_integer_sequence<int, kRows>{});                 // [rows - 1]
-const auto kWeigh = weigh_table(std::make_integer_sequence<int, kWeighRows>{});                // [rows - 1][vectors - 1]
+const auto kWeigh = weigh_table(std::make_integer_sequence<int, kWeighRows>{});            // [rows - 1][vectors - 1]
 
 // Rows [r0, r1) of (batch row b, kv head h); row r is query position r / G of head h * G + r % G.
 void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
