@@ -29,6 +29,13 @@ using namespace specjax_cpu;
 
 typedef int32_t ivec __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
+// 0, 1, .., kLanes - 1
+const vec kLaneIndex = [] {
+  vec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(i);
+  return v;
+}();
+
 // exp(x) for x <= 0 (the softmax's exponents): Cephes' expf (round to n = x / ln 2, a two-part ln 2, a degree-6
 // polynomial, 2^n into the exponent bits), about 1 ulp; below -87.3 it returns exp(-87.3) (the smallest normals),
 // never a denormal.
@@ -52,9 +59,12 @@ inline vec exp_nonpositive(vec x) {
 
 // A work unit is up to kRows query rows of one (batch row, kv head): their scores share each load of keys (kRows x 2
 // accumulators) and their outputs each load of values. A row's operations do not depend on which unit or thread
-// computes it. With AVX-512 a unit of 8 rows holds a verify pass's 5 positions x 3 heads of a kv head (SmolLM2) in
-// two units where 6 took three, each reading the keys and values again.
-constexpr int kRows = kLanes == 16 ? 8 : 6;
+// computes it. With AVX-512 a unit of 12 rows (24 accumulators) scores a share of a 9-position pass (SmolLM2: ~10 rows)
+// in one pass over the keys where units of 8 took two (-7% attention in a SmolLM2 forward at T = 9), and a kv head
+// of a 4-position pass at batch 8 (12 rows) in one where 8 took two. The work is cut into shares of about
+// kShareRows rows (below).
+constexpr int kRows = kLanes == 16 ? 12 : 6;
+constexpr int kShareRows = kLanes == 16 ? 8 : 6;
 // The values are weighed for up to kWeighRows rows at a time, kChunkVectors output vectors (d) per pass: kWeighRows x 4
 // accumulators of 32 registers with AVX-512, kWeighRows x 2 of 16 elsewhere; a unit of more rows is weighed in two
 // even parts, the second reading the values from this core's cache.
@@ -238,11 +248,18 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
       for (; j < len; ++j) m = std::max(m, seq_p[j]);
     }
     vec lanes = {};
-    for (int64_t j = 0; j < len; j += kLanes) {
-      vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
-      for (int64_t z = len - j; z < kLanes; ++z) e[z] = 0.0f;                // lanes past the sequence
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes) {
+      const vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
       store(seq_p + j, e);
       lanes += e;
+    }
+    if (j < len) {                     // lanes past the sequence zeroed by a compare (lane by lane, the vector went
+                                       // through memory on every step: a fifth of the softmax's time)
+      const vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
+      const vec kept = kLaneIndex < splat<vec>(static_cast<float>(len - j)) ? e : vec{};
+      store(seq_p + j, kept);
+      lanes += kept;
     }
     l[i] = hsum(lanes);
     p[i] = row;
@@ -275,7 +292,7 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
 }
 
 // Shares per thread: enough that a late-starting pool thread does not leave one share's worth of rows to the caller
-// (two shares were ~10% slower than kRows-row units at batch 1), few enough that a share holds whole kv heads at
+// (two shares were ~10% slower than 8-row units at batch 1), few enough that a share holds whole kv heads at
 // batch 8.
 constexpr int64_t kSharesPerPart = 4;
 
@@ -295,14 +312,15 @@ ffi::Error VerifyAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     return ffi::Error::InvalidArgument("verify_attention: shapes do not form q [B, T, Hq, D], keys "
                                        "[B, Hkv, D, S], values [B, Hkv, S, D], "
                                        "lengths [B], mask [1 or B, T, T], q_positions [B, T]");
-  // The (batch row, kv head) pairs' rows in one sequence, cut into equal shares, one per kRows rows up to
+  // The (batch row, kv head) pairs' rows in one sequence, cut into equal shares, one per kShareRows rows up to
   // kSharesPerPart x parts; a share takes its rows pair by pair, in even units of up to kRows, so a pair's keys and
   // values come from memory once per share that holds it and from this core's cache for its further units (units
   // spread over the threads one by one read them from memory, or another core's cache, every time: SmolLM2 at
   // batch 8, T = 4 spent a third more in attention).
   const int64_t R = s.T * (s.Hq / s.Hkv), total = s.B * s.Hkv * R;
   if (total == 0) return ffi::Error::Success();           // no query rows (T = 0 or an empty batch)
-  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(kSharesPerPart * parts, (total + kRows - 1) / kRows));
+  const int64_t shares =
+      std::max<int64_t>(1, std::min<int64_t>(kSharesPerPart * parts, (total + kShareRows - 1) / kShareRows));
   run_parts(pool, parts, static_cast<int>(shares), [&s, R, total, shares](int share) {
     const int64_t f0 = total * share / shares, f1 = total * (share + 1) / shares;
     for (int64_t bh = f0 / R; bh * R < f1; ++bh) {
