@@ -11,9 +11,10 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
 
 --matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
 small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
-SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE and RMS norm: `kernel` (the fixed-order CPU
-kernels of cpu_kernels.verify_attention, .rope, .rms_norm) or `xla` (XLA's ops: SPECJAX_VERIFY_ATTENTION_KERNEL=0,
-SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
+SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE, RMS norm and the cache write: `kernel` (the CPU
+kernels of cpu_kernels.verify_attention, .rope, .rms_norm, .cache_write) or `xla` (XLA's ops:
+SPECJAX_VERIFY_ATTENTION_KERNEL=0, SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0,
+SPECJAX_CACHE_WRITE_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
 a target and the paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
 --implementation: the attention path of the forward (SpecConfig.implementation), side by side: `xla` or `pallas`
 (the verify-attention kernel: native on a GPU or TPU, interpreted on a CPU, so only for correctness there).
@@ -102,7 +103,8 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3,
 
 # The switches each path traces with (read when a forward is traced): "kernel" leaves them on, "xla" turns them off.
 MATMUL_SWITCHES = ("SPECJAX_SMALL_M_MATMUL",)
-LAYER_OP_SWITCHES = ("SPECJAX_VERIFY_ATTENTION_KERNEL", "SPECJAX_ROPE_KERNEL", "SPECJAX_RMS_NORM_KERNEL")
+LAYER_OP_SWITCHES = ("SPECJAX_VERIFY_ATTENTION_KERNEL", "SPECJAX_ROPE_KERNEL", "SPECJAX_RMS_NORM_KERNEL",
+                     "SPECJAX_CACHE_WRITE_KERNEL")
 PATHS = ("kernel", "xla")
 
 
@@ -149,8 +151,8 @@ def define_flags() -> None:
                       "gguf_int8 (a GGUF target's own blocks, load_model(weight_format=); other targets without "
                       "them; random targets in float32 only)")
     flags.DEFINE_list("matmul", ["kernel"], "matmul paths, measured side by side: kernel (the default), xla")
-    flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm paths, measured side by side: kernel (the "
-                      "default), xla")
+    flags.DEFINE_list("layer_ops", ["kernel"], "attention / RoPE / RMS norm / cache write paths, measured side by "
+                      "side: kernel (the default), xla")
     flags.DEFINE_integer("rounds", 1, "sweeps over every (T, format, path) in turn; each keeps its fastest (a noisy "
                          "machine's slow phases hit every cell alike)")
     flags.DEFINE_list("implementation", ["xla"], "attention paths, measured side by side: xla, pallas")

@@ -9,6 +9,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from cpu_kernels.cache_write import write_kv
+from cpu_kernels.cache_write.reference import block_index
 from specjax.layout import constrain_cache
 
 
@@ -52,27 +54,15 @@ class KVCache:
         return jnp.swapaxes(self.k[layer], 2, 3) if self.keys_transposed else self.k[layer]
 
     def _index(self, keys: bool, rows, slots) -> tuple:
-        """Index of (rows, slots) in a K (keys=True) or V buffer: slots are axis 3 of keys stored slots-last, axis 2
-        otherwise. With index arrays for both, split by slices, numpy's rules put their broadcast dims first in
-        either layout, so the indexed block is [B, T, Hkv, D]; with a slice of slots it keeps the buffer's layout."""
-        return (rows, slice(None), slice(None), slots) if keys and self.keys_transposed else (rows, slice(None), slots)
+        """block_index in this cache's keys (keys=True) or values."""
+        return block_index(rows, slots, keys, self.keys_transposed)
 
     def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, starts: jax.Array) -> "KVCache":
         """Write k_new/v_new [B, T, Hkv, D] at slots starts[b] .. starts[b] + T - 1 of `layer` (a start past
-        size - T is clamped to it, as lax.dynamic_update_slice does).
-
-        One scatter over (row, slot) index pairs, which XLA updates in place. A vmap of dynamic_update_slice over
-        the batch axis instead moved that axis to the front and back again: two copies of the whole cache per
-        write, which at batch 32 cost the decode loop as much as the forward itself."""
-        B, T = k_new.shape[:2]
-        rows = jnp.arange(B)[:, None]                                   # [B, 1]
-        slots = jnp.clip(starts, 0, self.size - T)[:, None] + jnp.arange(T)[None, :]     # [B, T]
-
-        def put(bufs, new, keys):
-            at = self._index(keys, rows, slots)                         # a [B, T, Hkv, D] block
-            updated = bufs[layer].at[at].set(new.astype(bufs[layer].dtype), unique_indices=True)
-            return bufs[:layer] + (updated,) + bufs[layer + 1:]
-        return self.replace(k=put(self.k, k_new, True), v=put(self.v, v_new, False))
+        size - T is clamped to it, as lax.dynamic_update_slice does), in place under jit: on a CPU the cache-write
+        kernel, else one scatter (cpu_kernels.cache_write)."""
+        k, v = write_kv(self.k[layer], self.v[layer], k_new, v_new, starts, self.keys_transposed)
+        return self.replace(k=self.k[:layer] + (k,) + self.k[layer + 1:], v=self.v[:layer] + (v,) + self.v[layer + 1:])
 
     def compact(self, src_slots: jax.Array, dst_start: jax.Array) -> "KVCache":
         """Move the entries at src_slots [B, P] to contiguous slots dst_start[b] .. dst_start[b] + P - 1 (all

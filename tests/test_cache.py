@@ -108,3 +108,56 @@ def test_grouped_cache_keeps_rows_apart():
                                   q_positions=grouped.lengths[:, None], sliding_window=None)
     np.testing.assert_allclose(run(grouped), run(one), atol=1e-6)
     assert not np.allclose(run(swapped), run(one), atol=1e-3)
+
+
+# ------------------------------------------------------------------------ the CPU cache-write kernel (in place)
+
+@pytest.mark.parametrize("keys_transposed", [True, False])
+def test_cache_write_kernel_is_the_scatter_bit_for_bit_with_its_gradients(keys_transposed):
+    """cpu_kernels.cache_write's kernel against its reference (the scatter) at ragged starts, one clamped at the end,
+    T = 1 to the whole buffer; gradients through it are the reference's. A planted bug (one slot off) is seen."""
+    from cpu_kernels.cache_write import write_kv, write_kv_cpu, write_kv_reference
+    if jax.default_backend() != "cpu":
+        pytest.skip("a CPU kernel")
+    rng = np.random.default_rng(0)
+    for B, T, size in [(1, 1, 20), (1, 9, 32), (3, 5, 17), (2, 4, 4)]:
+        k_buf = jnp.asarray(rng.standard_normal((B, Hkv, D, size) if keys_transposed else (B, Hkv, size, D)),
+                            jnp.float32)
+        v_buf = jnp.asarray(rng.standard_normal((B, Hkv, size, D)), jnp.float32)
+        k_new, v_new = (jnp.asarray(rng.standard_normal((B, T, Hkv, D)), jnp.float32) for _ in range(2))
+        starts = jnp.asarray(rng.integers(0, size + 5, B), jnp.int32)
+        args = (k_buf, v_buf, k_new, v_new, starts)
+        want = write_kv_reference(*args, keys_transposed)
+        got = jax.jit(write_kv_cpu, static_argnums=5)(*args, keys_transposed)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        if T < size:                   # a planted bug: every row's block one slot away
+            at = jnp.clip(starts, 0, size - T)
+            off_by_one = write_kv_reference(*args[:4], jnp.where(at > 0, at - 1, at + 1), keys_transposed)
+            for g, w in zip(got, off_by_one):
+                assert not np.array_equal(np.asarray(g), np.asarray(w))
+
+        def loss(write):
+            weights = lambda x: jnp.arange(x.size, dtype=jnp.float32).reshape(x.shape)
+            return lambda *a: sum(jnp.sum(x * weights(x)) for x in write(*a, starts, keys_transposed))
+        for g, w in zip(jax.grad(loss(write_kv), argnums=(0, 1, 2, 3))(*args[:4]),
+                        jax.grad(loss(write_kv_reference), argnums=(0, 1, 2, 3))(*args[:4])):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_cache_write_kernel_updates_in_place_and_names_bad_input():
+    """Under jit with the buffers donated, the compiled write copies no buffer; shapes that do not fit are named."""
+    from cpu_kernels.cache_write import write_kv_cpu
+    if jax.default_backend() != "cpu":
+        pytest.skip("a CPU kernel")
+    k_buf, v_buf = jnp.zeros((1, Hkv, D, 64)), jnp.zeros((1, Hkv, 64, D))
+    new, starts = jnp.ones((1, 9, Hkv, D)), jnp.zeros((1,), jnp.int32)
+    write = jax.jit(lambda *a: write_kv_cpu(*a, True), donate_argnums=(0, 1))
+    hlo = write.lower(k_buf, v_buf, new, new, starts).compile().as_text()
+    assert "specjax_cache_write" in hlo and " copy(" not in hlo and "copy-start" not in hlo
+    with pytest.raises(ValueError, match="do not fit keys"):
+        write_kv_cpu(k_buf, v_buf, new, new, starts, False)             # keys slots-last passed as slots-first
+    with pytest.raises(ValueError, match="at least 80 slots"):
+        write_kv_cpu(k_buf, v_buf, jnp.ones((1, 80, Hkv, D)), jnp.ones((1, 80, Hkv, D)), starts, True)
+    with pytest.raises(ValueError, match="starts \\[B\\]"):
+        write_kv_cpu(k_buf, v_buf, new, new, jnp.zeros((2,), jnp.int32), True)
