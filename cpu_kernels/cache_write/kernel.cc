@@ -41,18 +41,17 @@ ffi::Error CacheWrite(ffi::Buffer<ffi::F32> k_buf, ffi::Buffer<ffi::F32> v_buf, 
   const int32_t* st = starts.typed_data();
   // Every line the write touches is requested for writing first: the buffers sit in memory between a layer's
   // writes (evicted by the weights' stream), and stores one by one would wait on one line after another.
+  const auto request = [](const float* first, int64_t n) {       // the lines of n floats from first
+    for (const float* p = first; p < first + n; p += 16) __builtin_prefetch(p, 1, 3);
+    __builtin_prefetch(first + n - 1, 1, 3);                      // a run that starts mid-line ends in one more
+  };
   for (int64_t b = 0; b < B; ++b) {
     const int64_t s0 = std::clamp<int64_t>(st[b], 0, S - T);
     for (int64_t h = 0; h < H; ++h) {
-      for (const float* p = vo + ((b * H + h) * S + s0) * D; p < vo + ((b * H + h) * S + s0 + T) * D; p += 16)
-        __builtin_prefetch(p, 1, 3);
-      for (int64_t d = 0; d < D; ++d) {
-        const float* run = keys_transposed ? ko + ((b * H + h) * D + d) * S + s0 : ko + ((b * H + h) * S + s0) * D;
-        if (keys_transposed || d == 0)
-          for (const float* p = run; p < run + (keys_transposed ? T : T * D); p += 16) __builtin_prefetch(p, 1, 3);
-        // (the last line of a run that starts mid-line)
-        if (keys_transposed) __builtin_prefetch(run + T - 1, 1, 3);
-      }
+      request(vo + ((b * H + h) * S + s0) * D, T * D);
+      if (!keys_transposed) request(ko + ((b * H + h) * S + s0) * D, T * D);
+      else
+        for (int64_t d = 0; d < D; ++d) request(ko + ((b * H + h) * D + d) * S + s0, T);
     }
   }
   for (int64_t b = 0; b < B; ++b) {
