@@ -60,6 +60,30 @@ inline V splat(float s) {                      // s in every lane (a lane loop c
   return r;
 }
 
+typedef int32_t ivec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// exp(x): Cephes' expf (round to n = x / ln 2, a two-part ln 2, a degree-6 polynomial, 2^n into the exponent bits),
+// about 1 ulp, over [-87.33, 88]: below it returns exp(-87.33) (the smallest normals, never a denormal), above it
+// exp(88). The kernels' one exp (the softmax's, SwiGLU's sigmoid), so its bits are one function's.
+inline vec vexp(vec x) {
+  const vec lowest = splat<vec>(-87.33f), highest = splat<vec>(88.0f);
+  x = x < lowest ? lowest : x;
+  x = x > highest ? highest : x;
+  const vec magic = splat<vec>(12582912.0f);                                  // 1.5 * 2^23: rounds to an integer
+  const vec n = fmadd(x, splat<vec>(1.44269504088896341f), magic) - magic;
+  vec r = fmadd(n, splat<vec>(-0.693359375f), x);
+  r = fmadd(n, splat<vec>(2.12194440e-4f), r);
+  vec p = splat<vec>(1.9875691500e-4f);
+  p = fmadd(p, r, splat<vec>(1.3981999507e-3f));
+  p = fmadd(p, r, splat<vec>(8.3334519073e-3f));
+  p = fmadd(p, r, splat<vec>(4.1665795894e-2f));
+  p = fmadd(p, r, splat<vec>(1.6666665459e-1f));
+  p = fmadd(p, r, splat<vec>(5.0000001201e-1f));
+  const vec y = fmadd(p, r * r, r) + splat<vec>(1.0f);
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  return y * reinterpret_cast<const vec&>(bits);
+}
+
 inline float hsum(vec v) {                     // a fixed pairwise order
   float t[kLanes];
   std::memcpy(t, &v, sizeof(t));

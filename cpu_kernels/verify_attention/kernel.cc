@@ -27,35 +27,12 @@ namespace {
 
 using namespace specjax_cpu;
 
-typedef int32_t ivec __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
 // 0, 1, .., kLanes - 1
 const vec kLaneIndex = [] {
   vec v;
   for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(i);
   return v;
 }();
-
-// exp(x) for x <= 0 (the softmax's exponents): Cephes' expf (round to n = x / ln 2, a two-part ln 2, a degree-6
-// polynomial, 2^n into the exponent bits), about 1 ulp; below -87.3 it returns exp(-87.3) (the smallest normals),
-// never a denormal.
-inline vec exp_nonpositive(vec x) {
-  const vec lowest = splat<vec>(-87.33f);
-  x = x < lowest ? lowest : x;
-  const vec magic = splat<vec>(12582912.0f);                                  // 1.5 * 2^23: rounds to an integer
-  const vec n = fmadd(x, splat<vec>(1.44269504088896341f), magic) - magic;
-  vec r = fmadd(n, splat<vec>(-0.693359375f), x);
-  r = fmadd(n, splat<vec>(2.12194440e-4f), r);
-  vec p = splat<vec>(1.9875691500e-4f);
-  p = fmadd(p, r, splat<vec>(1.3981999507e-3f));
-  p = fmadd(p, r, splat<vec>(8.3334519073e-3f));
-  p = fmadd(p, r, splat<vec>(4.1665795894e-2f));
-  p = fmadd(p, r, splat<vec>(1.6666665459e-1f));
-  p = fmadd(p, r, splat<vec>(5.0000001201e-1f));
-  const vec y = fmadd(p, r * r, r) + splat<vec>(1.0f);
-  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
-  return y * reinterpret_cast<const vec&>(bits);
-}
 
 // A work unit is up to kRows query rows of one (batch row, kv head): their scores share each load of keys (kRows x 2
 // accumulators) and their outputs each load of values. A row's operations do not depend on which unit or thread
@@ -195,7 +172,7 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const uint8_t* mb = s.mask + (s.mask_rows == 1 ? 0 : b) * T * T;
   thread_local std::vector<float> qs, scores, seq;
   qs.resize(R * D);
-  scores.resize(R * S);
+  scores.resize(R * S + kLanes);                // a row's last vector may read past it (masked)
   const int64_t stride = S + 2 * kLanes;        // a row's probabilities by column, then padding
   seq.resize(R * stride);
   int64_t lower[kRows], first[kRows], lo = prefix_end;
@@ -225,38 +202,41 @@ void attend(const Problem& s, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   int64_t num_new[kRows];
   for (int64_t i = 0; i < R; ++i) {
     const int64_t t = (r0 + i) / G;
-    const float* sr = scores.data() + i * S;
+    float* sr = scores.data() + i * S;
     float* row = seq.data() + i * stride;
     new_cols[i] = new_cols_buf.data() + i * T;
     num_new[i] = 0;
     for (int64_t j = 0; j < T; ++j)
       if (mb[t * T + j] && prefix_end + j >= lower[i]) new_cols[i][num_new[i]++] = prefix_end + j;
     const int64_t len = prefix_end - first[i] + num_new[i];
+    // The visible new columns' scores moved up behind the prefix's (ascending, so in place): the sequence's scores
+    // are sr[first[i], first[i] + len), read where the score pass left them (a copy into seq, read back at once,
+    // stalled the max on its stores).
+    for (int64_t j = 0; j < num_new[i]; ++j) sr[prefix_end + j] = sr[new_cols[i][j]];
+    const float* sq = sr + first[i];
     float* seq_p = row + first[i];
     std::fill(row + lo, seq_p, 0.0f);
-    std::copy(sr + first[i], sr + prefix_end, seq_p);
-    for (int64_t j = 0; j < num_new[i]; ++j) seq_p[prefix_end - first[i] + j] = sr[new_cols[i][j]];
-    float m = len > 0 ? seq_p[0] : 0.0f;
+    float m = len > 0 ? sq[0] : 0.0f;
     {                                  // a vector max (the scalar loop: compiled as written, column by column)
       vec mv = splat<vec>(m);
       int64_t j = 0;
       for (; j + kLanes <= len; j += kLanes) {
-        const vec x = load(seq_p + j);
+        const vec x = load(sq + j);
         mv = x > mv ? x : mv;
       }
       for (int z = 0; z < kLanes; ++z) m = std::max(m, mv[z]);
-      for (; j < len; ++j) m = std::max(m, seq_p[j]);
+      for (; j < len; ++j) m = std::max(m, sq[j]);
     }
     vec lanes = {};
     int64_t j = 0;
     for (; j + kLanes <= len; j += kLanes) {
-      const vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
+      const vec e = vexp(load(sq + j) - splat<vec>(m));
       store(seq_p + j, e);
       lanes += e;
     }
     if (j < len) {                     // lanes past the sequence zeroed by a compare (lane by lane, the vector went
                                        // through memory on every step: a fifth of the softmax's time)
-      const vec e = exp_nonpositive(load(seq_p + j) - splat<vec>(m));
+      const vec e = vexp(load(sq + j) - splat<vec>(m));
       const vec kept = kLaneIndex < splat<vec>(static_cast<float>(len - j)) ? e : vec{};
       store(seq_p + j, kept);
       lanes += kept;
