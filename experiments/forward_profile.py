@@ -11,10 +11,10 @@ T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA ope
 
 --matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
 small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
-SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE, RMS norm and the cache write: `kernel` (the CPU
-kernels of cpu_kernels.verify_attention, .rope, .rms_norm, .cache_write) or `xla` (XLA's ops:
+SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE, RMS norm, the cache write and SwiGLU: `kernel`
+(the CPU kernels of cpu_kernels.verify_attention, .rope, .rms_norm, .cache_write, .swiglu) or `xla` (XLA's ops:
 SPECJAX_VERIFY_ATTENTION_KERNEL=0, SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0,
-SPECJAX_CACHE_WRITE_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
+SPECJAX_CACHE_WRITE_KERNEL=0, SPECJAX_SWIGLU_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
 a target and the paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
 --implementation: the attention path of the forward (SpecConfig.implementation), side by side: `xla` or `pallas`
 (the verify-attention kernel: native on a GPU or TPU, interpreted on a CPU, so only for correctness there).
@@ -104,7 +104,7 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3,
 # The switches each path traces with (read when a forward is traced): "kernel" leaves them on, "xla" turns them off.
 MATMUL_SWITCHES = ("SPECJAX_SMALL_M_MATMUL",)
 LAYER_OP_SWITCHES = ("SPECJAX_VERIFY_ATTENTION_KERNEL", "SPECJAX_ROPE_KERNEL", "SPECJAX_RMS_NORM_KERNEL",
-                     "SPECJAX_CACHE_WRITE_KERNEL")
+                     "SPECJAX_CACHE_WRITE_KERNEL", "SPECJAX_SWIGLU_KERNEL")
 PATHS = ("kernel", "xla")
 
 

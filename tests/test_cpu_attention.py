@@ -1,4 +1,5 @@
-"""The CPU kernels that fix the order of the forward's sums (cpu_kernels.verify_attention, .rope, .rms_norm): their
+"""The CPU kernels that fix the order of the forward's sums (cpu_kernels.verify_attention, .rope, .rms_norm) and
+the layer's other kernels (.swiglu, rope's fused q | k | v split): their
 values against the references and an independent float64 attention, and their point: a query row's bits do not
 depend on the call it is computed in (a T = k + 1 verify pass vs k + 1 one-position steps, a tree node vs its
 committed path, a row alone vs in a batch), down to the whole model on SmolLM2-sized shapes."""
@@ -13,7 +14,8 @@ import pytest
 
 from cpu_kernels import build
 from cpu_kernels.rms_norm import rms_norm, rms_norm_cpu, rms_norm_reference
-from cpu_kernels.rope import rope, rope_cpu, rope_reference
+from cpu_kernels.rope import rope, rope_cpu, rope_qkv, rope_qkv_cpu, rope_qkv_reference, rope_reference
+from cpu_kernels.swiglu import swiglu, swiglu_cpu, swiglu_reference
 from cpu_kernels.verify_attention import applies, attention, verify_attention_cpu
 from pallas_kernels.verify_attention.reference import verify_attention_reference
 from specjax.cache import KVCache
@@ -140,6 +142,49 @@ def test_rope_kernel_values_gradients_and_bad_input():
         rope_cpu(x, positions[:, :3], inv_freq)
     with pytest.raises(ValueError, match="inv_freq"):
         rope_cpu(x, positions, inv_freq[:8])
+
+
+def test_rope_qkv_kernel_is_rope_of_the_split_to_the_bit():
+    rng = np.random.default_rng(3)
+    Hq, Hkv, D = 9, 3, 64
+    qkv = jnp.asarray(rng.standard_normal((2, 5, (Hq + 2 * Hkv) * D)), jnp.float32)
+    positions = jnp.asarray(rng.integers(0, 8000, (2, 5)), jnp.int32)
+    inv_freq = 1.0 / (1e5 ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
+    q, k, v = jax.jit(rope_qkv_cpu, static_argnums=(3, 4))(qkv, positions, inv_freq, Hq, Hkv)
+    parts = np.split(np.asarray(qkv), [Hq * D, (Hq + Hkv) * D], axis=-1)
+    np.testing.assert_array_equal(q, rope_cpu(jnp.asarray(parts[0].reshape(2, 5, Hq, D)), positions, inv_freq))
+    np.testing.assert_array_equal(k, rope_cpu(jnp.asarray(parts[1].reshape(2, 5, Hkv, D)), positions, inv_freq))
+    np.testing.assert_array_equal(v, parts[2].reshape(2, 5, Hkv, D))
+    for got, want in zip((q, k, v), rope_qkv_reference(qkv, positions, inv_freq, Hq, Hkv)):
+        np.testing.assert_allclose(got, want, atol=2e-6)
+    shifted = rope_cpu(jnp.asarray(parts[0].reshape(2, 5, Hq, D)), positions + 1, inv_freq)
+    assert not np.array_equal(q, shifted)                           # planted: a position off by one is seen
+    g = [jnp.asarray(rng.standard_normal(a.shape), jnp.float32) for a in (q, k, v)]
+    loss = lambda f: lambda x: sum((a * b).sum() for a, b in zip(f(x, positions, inv_freq, Hq, Hkv), g))
+    np.testing.assert_allclose(jax.grad(loss(rope_qkv))(qkv), jax.grad(loss(rope_qkv_reference))(qkv), atol=1e-5)
+    with pytest.raises(ValueError, match="rope_qkv takes"):
+        rope_qkv_cpu(qkv[..., :-2], positions, inv_freq, Hq, Hkv)   # not (Hq + 2 Hkv) heads of D
+    with pytest.raises(ValueError, match="rope_qkv takes"):
+        rope_qkv_cpu(qkv, positions[:, :3], inv_freq, Hq, Hkv)
+
+
+def test_swiglu_kernel_values_rows_gradients_and_bad_input():
+    rng = np.random.default_rng(4)
+    for I in (1536, 40):                                        # a multiple of the vector width, and a tail
+        x = jnp.asarray(rng.standard_normal((2, 9, 2 * I)) * 4, jnp.float32)
+        x = x.at[0, 0, :4].set(jnp.asarray([-100.0, 100.0, 0.0, -0.0]))   # past exp's range both ways, zeros
+        got = np.asarray(jax.jit(swiglu_cpu)(x))
+        np.testing.assert_allclose(got, swiglu_reference(x), rtol=3e-6, atol=1e-30)
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(np.asarray(swiglu_cpu(x[1:, 3:4]))[0, 0], got[1, 3])   # alone = batched
+        assert not np.allclose(got, jax.nn.silu(x[..., I:]) * x[..., :I], rtol=1e-3)    # planted: halves swapped
+        g = jnp.asarray(rng.standard_normal(got.shape), jnp.float32)
+        grad = lambda f: jax.grad(lambda x: (f(x) * g).sum())(x)
+        np.testing.assert_allclose(grad(jax.jit(swiglu)), grad(swiglu_reference), rtol=1e-5, atol=1e-5)
+    big = jnp.asarray(rng.standard_normal((8, 9, 3072)), jnp.float32)   # cut over the threads
+    np.testing.assert_allclose(swiglu_cpu(big), swiglu_reference(big), rtol=3e-6, atol=1e-30)
+    with pytest.raises(ValueError, match="gate | up"):
+        swiglu_cpu(x[..., :-1])
 
 
 def test_rms_norm_kernel_values_gradients_rows_and_bad_input():

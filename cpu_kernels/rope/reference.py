@@ -13,3 +13,14 @@ def rope_reference(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> j
     half = x.shape[-1] // 2
     rot = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
     return (x.astype(jnp.float32) * cos + rot.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def rope_qkv_reference(qkv: jax.Array, positions: jax.Array, inv_freq: jax.Array, num_heads: int,
+                       num_kv_heads: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A fused projection's output qkv [B, T, (Hq + 2 Hkv) D] (the columns of wq | wk | wv) -> q [B, T, Hq, D] and
+    k [B, T, Hkv, D] rotated at positions [B, T], v [B, T, Hkv, D]."""
+    B, T, C = qkv.shape
+    D = C // (num_heads + 2 * num_kv_heads)
+    q, k, v = jnp.split(qkv, [num_heads * D, (num_heads + num_kv_heads) * D], axis=-1)
+    return (rope_reference(q.reshape(B, T, num_heads, D), positions, inv_freq),
+            rope_reference(k.reshape(B, T, num_kv_heads, D), positions, inv_freq), v.reshape(B, T, num_kv_heads, D))

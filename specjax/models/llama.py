@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from cpu_kernels.rms_norm import rms_norm as cpu_rms_norm
-from cpu_kernels.rope import rope
+from cpu_kernels.rope import rope, rope_qkv
 from cpu_kernels.small_m_matmul import matmul
+from cpu_kernels.swiglu import swiglu
 from cpu_kernels.verify_attention import attention as cpu_attention
 from pallas_kernels.verify_attention import verify_attention
 from specjax.cache import GroupedKVCache, KVCache
@@ -138,25 +139,28 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     if inv_freq is None:
         inv_freq = rope_inv_freq(cfg)
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-    if "wqkv" in lp:                   # fused (quantized layers): one product, its columns those of wq | wk | wv
-        q, k, v = jnp.split(matmul(h, lp["wqkv"]), [Hq * D, (Hq + Hkv) * D], axis=-1)
+    if "wqkv" in lp:                   # fused (panels, quantized): one product, its columns those of wq | wk | wv
+        qkv = matmul(h, lp["wqkv"])                                      # [B, T, (Hq + 2 Hkv) D]
+        if cfg.attention_bias:
+            qkv = qkv + jnp.concatenate([lp["bq"], lp["bk"], lp["bv"]], axis=-1)
+        q, k, v = rope_qkv(qkv, positions, inv_freq, Hq, Hkv)           # q [B, T, Hq, D], k and v [B, T, Hkv, D]
     else:
         q, k, v = matmul(h, lp["wq"]), matmul(h, lp["wk"]), matmul(h, lp["wv"])
-    if cfg.attention_bias:
-        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-    q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)          # [B, T, Hq, D]
-    k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)         # [B, T, Hkv, D]
-    v = v.reshape(B, T, Hkv, D)
+        if cfg.attention_bias:
+            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)      # [B, T, Hq, D]
+        k = apply_rope(k.reshape(B, T, Hkv, D), positions, inv_freq)     # [B, T, Hkv, D]
+        v = v.reshape(B, T, Hkv, D)
     cache = cache.write(index, k, v, cache.lengths)
     o = attention(q, cache, index, cache.lengths + T, mask, implementation=implementation,
                   q_positions=positions, sliding_window=cfg.sliding_window)
     x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
-        gate, up = jnp.split(matmul(h, lp["w_gate_up"]), 2, axis=-1)
+        act = swiglu(matmul(h, lp["w_gate_up"]))                          # silu(gate) * up [B, T, I]
     else:
-        gate, up = matmul(h, lp["w_gate"]), matmul(h, lp["w_up"])
-    return x + matmul(jax.nn.silu(gate) * up, lp["w_down"]), cache
+        act = jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"])
+    return x + matmul(act, lp["w_down"]), cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:

@@ -1,0 +1,56 @@
+"""SwiGLU on a CPU as an XLA FFI kernel, float32: silu(gate) * up of a fused gate | up projection's output.
+
+Its point is speed: XLA:CPU's fused silu * up, with the split of its operand, took several times the kernel's vectors
+(one polynomial exp, a reciprocal estimate). An element's bits do not depend on the call (the kernel's exp and
+reciprocal are its own, a float32 ulp or so from XLA's: swiglu_reference's values within rounding).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cpu_kernels import build
+from cpu_kernels.small_m_matmul import cores
+from cpu_kernels.swiglu.reference import swiglu_reference
+
+__all__ = ["swiglu", "swiglu_cpu", "swiglu_reference"]
+
+SWITCH = "SPECJAX_SWIGLU_KERNEL"     # "0": XLA computes it (the reference)
+
+
+def swiglu_cpu(gate_up: jax.Array) -> jax.Array:
+    """The kernel itself (CPU only): gate_up [..., 2 I] float32 -> [..., I]."""
+    build.require()
+    if gate_up.ndim < 1 or gate_up.shape[-1] % 2 or gate_up.shape[-1] == 0:
+        raise ValueError(f"swiglu takes a fused gate | up output [..., 2 I], got {gate_up.shape}")
+    if gate_up.dtype != jnp.float32:
+        raise ValueError(f"the swiglu kernel is float32, got {gate_up.dtype}")
+    out = jax.ShapeDtypeStruct((*gate_up.shape[:-1], gate_up.shape[-1] // 2), jnp.float32)
+    call = jax.ffi.ffi_call(build.SWIGLU_TARGET, out, vmap_method="sequential")
+    return call(gate_up, parts=np.int64(cores()))
+
+
+def swiglu(gate_up: jax.Array) -> jax.Array:
+    """swiglu_reference's argument and result: the kernel on a CPU for float32, else the reference. Gradients are
+    the reference's."""
+    usable = (gate_up.dtype == jnp.float32 and gate_up.ndim >= 1 and gate_up.shape[-1] % 2 == 0
+              and gate_up.shape[-1] > 0 and not build.turned_off(SWITCH))
+    return build.kernel_or_reference(_differentiable_kernel, swiglu_reference, gate_up, usable=usable)
+
+
+@jax.custom_vjp
+def _differentiable_kernel(gate_up):
+    return swiglu_cpu(gate_up)
+
+
+def _kernel_forward(gate_up):
+    return swiglu_cpu(gate_up), gate_up
+
+
+def _kernel_backward(gate_up, g):
+    _, pullback = jax.vjp(swiglu_reference, gate_up)
+    return pullback(g)
+
+
+_differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
