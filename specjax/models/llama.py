@@ -157,10 +157,10 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
-        act = swiglu(matmul(h, lp["w_gate_up"]))                          # silu(gate) * up [B, T, I]
-    else:
-        act = jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"])
-    return x + matmul(act, lp["w_down"]), cache
+        gate_up = matmul(h, lp["w_gate_up"])                              # [B, T, 2 I]
+    else:                              # side by side for the same SwiGLU: a row's bits whatever the weight format
+        gate_up = jnp.concatenate([matmul(h, lp["w_gate"]), matmul(h, lp["w_up"])], axis=-1)
+    return x + matmul(swiglu(gate_up), lp["w_down"]), cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
