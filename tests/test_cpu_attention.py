@@ -183,7 +183,7 @@ def test_swiglu_kernel_values_rows_gradients_and_bad_input():
         np.testing.assert_allclose(grad(jax.jit(swiglu)), grad(swiglu_reference), rtol=1e-5, atol=1e-5)
     big = jnp.asarray(rng.standard_normal((8, 9, 3072)), jnp.float32)   # cut over the threads
     np.testing.assert_allclose(swiglu_cpu(big), swiglu_reference(big), rtol=3e-6, atol=1e-30)
-    with pytest.raises(ValueError, match="gate | up"):
+    with pytest.raises(ValueError, match=r"gate \| up"):
         swiglu_cpu(x[..., :-1])
 
 
