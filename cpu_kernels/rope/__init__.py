@@ -115,10 +115,12 @@ def _qkv_kernel_forward(qkv, positions, inv_freq, num_heads, num_kv_heads):
 
 def _qkv_kernel_backward(num_heads, num_kv_heads, residuals, g):
     positions, inv_freq = residuals
-    gq, gk, gv = g
-    B, T = gq.shape[:2]
-    rotated = [rope_reference(x, positions, -inv_freq).reshape(B, T, -1) for x in (gq, gk)]   # rotations' transposes
-    return jnp.concatenate([*rotated, gv.reshape(B, T, -1)], axis=-1), None, None
+    B, T = g[0].shape[:2]
+    qkv = jax.ShapeDtypeStruct((B, T, sum(x.shape[2] * x.shape[3] for x in g)), g[0].dtype)
+    # the reference is linear in qkv: its transpose (the split undone, each rotation by minus the angle)
+    transpose = jax.linear_transpose(lambda x: rope_qkv_reference(x, positions, inv_freq, num_heads, num_kv_heads),
+                                     qkv)
+    return transpose(tuple(g))[0], None, None
 
 
 _differentiable_qkv_kernel.defvjp(_qkv_kernel_forward, _qkv_kernel_backward)
