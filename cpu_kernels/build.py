@@ -32,9 +32,11 @@ ROPE_QKV_TARGET = "specjax_rope_qkv"
 RMS_NORM_TARGET = "specjax_rms_norm"
 CACHE_WRITE_TARGET = "specjax_cache_write"
 SWIGLU_TARGET = "specjax_swiglu"
+GREEDY_TOKEN_TARGET = "specjax_greedy_token"
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(ROOT, kernel, "kernel.cc") for kernel in ("small_m_matmul", "verify_attention", "rope",
-                                                                    "rms_norm", "cache_write", "swiglu"))
+                                                                    "rms_norm", "cache_write", "swiglu",
+                                                                    "greedy_token"))
 HEADERS = (os.path.join(ROOT, "common.h"),)
 # (FFI target, the library's handler symbol)
 HANDLERS = ((TARGET, "SpecjaxSmallMMatmul"), (PANELS_TARGET, "SpecjaxSmallMMatmulPanels"),
@@ -42,7 +44,8 @@ HANDLERS = ((TARGET, "SpecjaxSmallMMatmul"), (PANELS_TARGET, "SpecjaxSmallMMatmu
             (Q8_0_TARGET, "SpecjaxSmallMMatmulQ80"), (Q4_1_INT8_TARGET, "SpecjaxSmallMMatmulQ41Int8"),
             (Q8_0_INT8_TARGET, "SpecjaxSmallMMatmulQ80Int8"), (VERIFY_ATTENTION_TARGET, "SpecjaxVerifyAttention"),
             (ROPE_TARGET, "SpecjaxRope"), (ROPE_QKV_TARGET, "SpecjaxRopeQkv"), (RMS_NORM_TARGET, "SpecjaxRmsNorm"),
-            (CACHE_WRITE_TARGET, "SpecjaxCacheWrite"), (SWIGLU_TARGET, "SpecjaxSwiglu"))
+            (CACHE_WRITE_TARGET, "SpecjaxCacheWrite"), (SWIGLU_TARGET, "SpecjaxSwiglu"),
+            (GREEDY_TOKEN_TARGET, "SpecjaxGreedyToken"))
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 
 log = logging.getLogger(__name__)
@@ -99,8 +102,9 @@ def build(cxx: str, out: str) -> None:
 @functools.cache
 def load() -> str | None:
     """Build (once per machine) and register the kernels (the small-M matmul over float32, Q4_1, Q8_0, and Q4_1 and
-    Q8_0 times 8-bit activations; verify attention; rotary embedding (also of a fused projection's q, k, v); RMS norm; the KV cache write; SwiGLU); the float32
-    matmul's FFI target name, or None where they cannot be built."""
+    Q8_0 times 8-bit activations; verify attention; rotary embedding (also of a fused projection's q, k, v); RMS
+    norm; the KV cache write; SwiGLU; the greedy token); the float32 matmul's FFI target name, or None where they
+    cannot be built."""
     cxx = compiler()
     if cxx is None:
         log.warning("no C++ compiler found: the CPU kernels are off, XLA computes their products")

@@ -147,11 +147,15 @@ def measured_context(target, prompts: Sequence, max_new_tokens: int, prepared: a
     return max(1, min(typical, prepared.buffer_len - 2 * prepared.config.k - 8))
 
 
+# engine_overhead's rounds, not cut by a time budget: the loop's step is a difference of two whole calls (the
+# loop's and its one-token call's) over a few dozen iterations, so a call's spread moves it by several points.
+ENGINE_ROUNDS = 6
 COST_BUDGET_S = 2.0       # seconds of timed calls per measured cost (experiments.costs.fastest_seconds' budget_s)
 
 
 def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_new_tokens: int, is_tree: bool,
-            batch: int = 1, cost_memo: dict | None = None, engine_overhead: bool = False) -> dict:
+            batch: int = 1, cost_memo: dict | None = None, engine_overhead: bool = False,
+            engine_rounds: int = ENGINE_ROUNDS) -> dict:
     """The analytic speedup beside the measured one: the target's decode step t1, its (k+1)-position verify tv
     and the drafter's proposal tp measured the way the loop pays them (batch rows, the drafter and buffer that
     prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
@@ -164,7 +168,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     drafter and target work run in turn (costs.step_in_turn_seconds) with the row's decode loop on its first
     prompt (or batch) timed in the same rounds (loop_calls), which on a shared machine is what tells the engine's
     overhead from a change of the machine's speed between the run and the cost measurements -> engine_fields
-    (the loop is not timed again for a drafter that learns across calls). cost_memo: the target's forward
+    (the loop is not timed again for a drafter that learns across calls), in engine_rounds alternating rounds.
+    cost_memo: the target's forward
     costs already measured by this caller (one dict per experiment, whose targets outlive it), so rows that share
     a target, batch, buffer and context measure them once."""
     k, sp = config.k, config.sampling
@@ -207,7 +212,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         beside = loop_calls(target, prepared)
         turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
         turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
-                                          reps=50, beside=beside, **target_timing,
+                                          reps=engine_rounds, beside=beside, **dict(target_timing, budget_s=None),
                                           setup=setup if turn_context == context else None)
     # Prefill (prompt padded to the set's longest, as in run_prompts) timed as a run pays it, a one-token call (a
     # forward over the prompt chained in a loop of its own overstates it, and the steady step of a row with few
@@ -305,7 +310,7 @@ def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_
 
 def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config: SpecConfig, drafter: Any,
                   policy: SpecConfig | None, rounds: int, roofline_machine: tuple[float, float],
-                  engine_overhead: bool = False) -> dict:
+                  engine_overhead: bool = False, engine_rounds: int = ENGINE_ROUNDS) -> dict:
     """One batch (every row of ids decoded in one call) by plain decoding, by `config` and by the dynamic policy,
     timed side by side (rounds alternating rounds, the fastest of each), beside the prediction from costs measured
     at this batch size and the run's buffer (the prefill as generate() runs it, one target forward over 1 and over
@@ -315,7 +320,8 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     k = 0: plain decoding itself); then its cell is that program's time, and a policy that resolves to plain
     decoding times plain decoding a second time, to show how far two samples of one program disagree here.
     engine_overhead: the run's loop is also timed side by side with its step's drafter and target work run in
-    turn (costs.step_in_turn_seconds; as predict's). -> the row (without the batch's name fields)."""
+    turn (costs.step_in_turn_seconds; as predict's), in engine_rounds rounds. -> the row (without the batch's name
+    fields)."""
     B, N = len(ids), config.max_new_tokens
     pad_to = max(map(len, ids))   # the smallest buffer, which every row's attention reads whole (one compile per B)
     prepare = lambda cfg, d: api.prepare(target, ids, cfg, drafter=d, pad_to=pad_to)
@@ -358,9 +364,8 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     engine = {}
     if engine_overhead and not registry.get(config.method).per_request_params:
         turn = costs.step_in_turn_seconds(
-            spec.drafter, spec.draft_params, target, context, config.sampling, batch=B, cache_size=buf,
-            budget_s=COST_BUDGET_S, implementation=config.implementation,
-            beside=loop_calls(target, spec))
+            spec.drafter, spec.draft_params, target, context, config.sampling, reps=engine_rounds, batch=B,
+            cache_size=buf, implementation=config.implementation, beside=loop_calls(target, spec))
         engine = engine_fields(turn, t1, tv)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens

@@ -122,6 +122,8 @@ flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (t
                   "the two timed apart, and the row's decode loop on its first prompt (or batch) timed in the same "
                   "rounds: the loop's step over the step in turn is the engine's own overhead (stored as "
                   "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
+flags.DEFINE_integer("engine_overhead_rounds", harness.ENGINE_ROUNDS, "--engine_overhead's alternating rounds "
+                     "(the fastest of each program kept; no time budget cuts them)", lower_bound=1)
 flags.DEFINE_enum("profile_by", "kind", ["kind", "signature", "part"], "--profile's grouping: by operation kind, "
                   "by signature (a kernel's or opcode's name and result shape, one key per kernel at one shape), or by "
                   f"the loop step's part ({', '.join(decode.STEP_PARTS)}; '{costs.LOOP_CONTROL}': the loop's own "
@@ -305,7 +307,8 @@ def one_at_a_time() -> None:
             artifact = artifact_name(method, run)
             # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
             pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree),
-                                   cost_memo=cost_memo, engine_overhead=FLAGS.engine_overhead)
+                                   cost_memo=cost_memo, engine_overhead=FLAGS.engine_overhead,
+                                   engine_rounds=FLAGS.engine_overhead_rounds)
             c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
                                                                               "predicted", "steady"))
             plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
@@ -472,7 +475,8 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             policy = spec_config(method, k, tree, artifact, **run["overrides"], **fields) if fields else None
             rec = {"batch": B, "prompts": pset, "method": run["label"] or method + (f"/{tree}" if tree else ""),
                    **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
-                                           (peak_flops, bandwidth), engine_overhead=FLAGS.engine_overhead)}
+                                           (peak_flops, bandwidth), engine_overhead=FLAGS.engine_overhead,
+                                           engine_rounds=FLAGS.engine_overhead_rounds)}
             if FLAGS.profile:
                 plain_key = (B, pset, plain_config)
                 if plain_key not in plain_profiles:

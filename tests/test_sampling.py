@@ -8,6 +8,8 @@ import pytest
 from specjax import SamplingParams, SpecConfig
 from specjax import verify
 from specjax.sampling import SAMPLE_BLOCK, greedy_token, probabilities, sample
+from cpu_kernels import build as cpu_build
+from cpu_kernels.greedy_token import greedy_token_cpu, greedy_token_reference
 
 from tests._stats import gof_pvalue
 
@@ -55,17 +57,37 @@ def test_sample_draws_each_index_with_its_probability():
     assert jax.vmap(sample)(jax.random.split(jax.random.key(2), 4), onehot).tolist() == edges.tolist()
 
 
-def test_greedy_token_is_argmax():
-    """The two-reduction greedy token against jnp.argmax: ties (first index), NaN (the first NaN), infinities,
-    all -inf rows, any leading axes, a real vocabulary's width."""
+@pytest.mark.parametrize("implementation", ["library", "kernel", "reference"])
+def test_greedy_token_is_argmax(implementation):
+    """The greedy token (the library's, the CPU kernel alone, the reference's two reductions) against np.argmax:
+    ties (first index), NaN (the first NaN, also after the largest logit of a long row, which XLA:CPU's max can
+    skip), infinities, all -inf rows, signed zeros, rows whose width the kernel's vectors do not divide, any
+    leading axes, a real vocabulary's width, under jit and vmap."""
+    fn = {"library": greedy_token, "kernel": greedy_token_cpu, "reference": greedy_token_reference}[implementation]
+    if implementation == "kernel" and cpu_build.load() is None:
+        pytest.skip("the CPU kernels cannot be built here")
     rng = np.random.default_rng(0)
-    cases = [rng.integers(-3, 3, size=shape).astype(np.float32) for shape in [(3, 7), (2, 4, 50), (5,)]]
+    cases = [rng.integers(-3, 3, size=shape).astype(np.float32) for shape in [(3, 7), (2, 4, 50), (5,), (2, 130)]]
     cases.append(np.array([[1, np.nan, 3, np.nan], [-np.inf] * 4, [np.inf, 1, np.inf, 0], [2, 2, 2, 2]], np.float32))
-    cases.append(rng.standard_normal((2, 3, 49152)).astype(np.float32))
+    cases.append(np.array([[0.0, -0.0, 0.0] * 30, [-0.0, 0.0] * 45], np.float32))
+    long = rng.standard_normal((3, 49153)).astype(np.float32)
+    long[0, [5, 40000]] = np.nan                      # a NaN well after the first, the largest between them
+    long[0, 17] = 99.0
+    long[1, [49152, 64]] = 50.0                       # a tie, the later in the tail the vectors leave
+    long[2, :] = -np.inf
+    cases += [long, rng.standard_normal((2, 3, 49152)).astype(np.float32)]
     for x in cases:
-        got = greedy_token(jnp.asarray(x))
-        assert got.dtype == jnp.int32
-        np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
+        got = jax.jit(fn)(jnp.asarray(x))
+        assert got.dtype == jnp.int32 and got.shape == x.shape[:-1]
+        np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    batched = rng.standard_normal((4, 2, 300)).astype(np.float32)
+    np.testing.assert_array_equal(jax.vmap(fn)(jnp.asarray(batched)), np.argmax(batched, axis=-1))
+    if implementation == "kernel":
+        with pytest.raises(ValueError, match="float32"):
+            fn(jnp.zeros((2, 8), jnp.bfloat16))
+        with pytest.raises(ValueError, match="V >= 1"):
+            fn(jnp.zeros((2, 0), jnp.float32))
+
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
                                  dict(temperature=float("nan"))])
