@@ -169,9 +169,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     prompt (or batch) timed in the same rounds (loop_calls), which on a shared machine is what tells the engine's
     overhead from a change of the machine's speed between the run and the cost measurements -> engine_fields
     (the loop is not timed again for a drafter that learns across calls), in engine_rounds alternating rounds.
-    cost_memo: the target's forward
-    costs already measured by this caller (one dict per experiment, whose targets outlive it), so rows that share
-    a target, batch, buffer and context measure them once."""
+    cost_memo: the target's forward costs already measured by this caller (one dict per experiment, whose targets
+    outlive it), so rows that share a target, batch, buffer and context measure them once."""
     k, sp = config.k, config.sampling
     lens = [len(prompt_ids(target, p)) for p in prompts]
     per_request = registry.get(config.method).per_request_params
@@ -213,7 +212,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
         turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
                                           reps=engine_rounds, beside=beside, **dict(target_timing, budget_s=None),
-                                          setup=setup if turn_context == context else None)
+                                          setup=setup if turn_context == context else None,
+                                          inner=in_turn_steps(beside))
     # Prefill (prompt padded to the set's longest, as in run_prompts) timed as a run pays it, a one-token call (a
     # forward over the prompt chained in a loop of its own overstates it, and the steady step of a row with few
     # passes is the most sensitive to that), and the drafter's own (its init).
@@ -262,6 +262,16 @@ def loop_calls(target, prepared: api.Prepared) -> dict | None:
     first_token = api.prepare(target, prepared.request.prompts, one,
                               drafter=prepared.request.drafter, pad_to=prepared.prompts.shape[1])
     return {"loop": lambda: api.run(prepared), "prefill": lambda: api.run(first_token)}
+
+
+def in_turn_steps(beside: dict | None, least: int = 16) -> int:
+    """The steps of costs.step_in_turn_seconds' chained loop beside loop_calls' calls: as many as the decode loop's
+    iterations (at least `least`), so that the calls timed side by side last about as long. A shared machine's
+    slow spells then fall into each alike: a call several times longer than the others is likelier to hold one in
+    every round, which biases its fastest time upward and the overhead with it."""
+    if beside is None:
+        return least
+    return max(least, loop_iterations(beside["loop"]().stats)[0])
 
 
 def loop_iterations(stats: dict) -> tuple[int, int]:
@@ -363,9 +373,10 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
                                         + (iterations - one_position) * tv + one_position * t1)
     engine = {}
     if engine_overhead and not registry.get(config.method).per_request_params:
+        beside = loop_calls(target, spec)
         turn = costs.step_in_turn_seconds(
             spec.drafter, spec.draft_params, target, context, config.sampling, reps=engine_rounds, batch=B,
-            cache_size=buf, implementation=config.implementation, beside=loop_calls(target, spec))
+            cache_size=buf, implementation=config.implementation, beside=beside, inner=in_turn_steps(beside))
         engine = engine_fields(turn, t1, tv)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens

@@ -11,16 +11,13 @@ step's one row, a verify pass's k + 1 and batch 8's 8 (k + 1).
 from __future__ import annotations
 
 import argparse
-import os
-import time
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cpu_kernels.bench import looped_us
 from cpu_kernels.greedy_token import greedy_token_cpu, greedy_token_reference
 
 
@@ -30,14 +27,7 @@ def per_call_us(op, x: jax.Array, calls: int, reps: int) -> float:
         token = lax.optimization_barrier(op(x))                                # [rows]
         return x.at[:, 0].set(token.astype(x.dtype))
 
-    run = jax.jit(lambda x: lax.fori_loop(0, calls, step, x))
-    jax.block_until_ready(run(x))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(x))
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
+    return looped_us(step, x, calls, reps)
 
 
 def main() -> None:

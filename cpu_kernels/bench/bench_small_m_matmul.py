@@ -20,29 +20,16 @@ second; each streams --megabytes of its own storage).
 from __future__ import annotations
 
 import argparse
-import os
-import time
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import jax.numpy as jnp
 
 import numpy as np
 
+from cpu_kernels.bench import fastest
 from cpu_kernels.small_m_matmul import (PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix, small_m_matmul,
                                        small_m_matmul_panels, small_m_matmul_q4_1, small_m_matmul_q4_1_int8,
                                        small_m_matmul_q8_0, small_m_matmul_reference)
-
-
-def fastest(fn, *args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def chained(product, rows: int, K: int):

@@ -9,16 +9,13 @@ with a plain slice in place of SwiGLU), at SmolLM2-135M's width (I = 1536) by de
 from __future__ import annotations
 
 import argparse
-import os
-import time
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from cpu_kernels.bench import looped_us
 from cpu_kernels.swiglu import swiglu_cpu, swiglu_reference
 
 
@@ -27,14 +24,7 @@ def per_call_us(op, x: jax.Array, width: int, calls: int, reps: int) -> float:
     def step(i, x):
         return x.at[:, :width].set(lax.optimization_barrier(op(x)) * 1.0001)   # op not fused into the update
 
-    run = jax.jit(lambda x: lax.fori_loop(0, calls, step, x))
-    jax.block_until_ready(run(x))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(x))
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
+    return looped_us(step, x, calls, reps)
 
 
 def main() -> None:

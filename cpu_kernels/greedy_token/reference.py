@@ -8,7 +8,7 @@ import jax.numpy as jnp
 def greedy_token_reference(logits: jax.Array) -> jax.Array:
     """logits [..., V] -> int32 [...]: the index of the largest logit, the first on ties (a NaN counts as the
     largest, as in jnp.argmax). Two plain reductions (the max, then the first index holding it) rather than
-    argmax's paired value-index reduction, which XLA:CPU runs about 2x slower over a vocabulary. A row with a NaN
+    argmax's paired value-index reduction, which XLA:CPU runs slower still over a vocabulary. A row with a NaN
     looks for NaNs alone: XLA:CPU's max over a long row may skip a NaN, so the max need not be one."""
     top = jnp.max(logits, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
