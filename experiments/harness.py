@@ -213,7 +213,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
         turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
                                           reps=engine_rounds, beside=beside, **dict(target_timing, budget_s=None),
                                           setup=setup if turn_context == context else None,
-                                          inner=in_turn_steps(beside))
+                                          inner=in_turn_steps(loop_iterations(beside["loop"]().stats)[0]
+                                                              if beside else 0))
     # Prefill (prompt padded to the set's longest, as in run_prompts) timed as a run pays it, a one-token call (a
     # forward over the prompt chained in a loop of its own overstates it, and the steady step of a row with few
     # passes is the most sensitive to that), and the drafter's own (its init).
@@ -264,14 +265,12 @@ def loop_calls(target, prepared: api.Prepared) -> dict | None:
     return {"loop": lambda: api.run(prepared), "prefill": lambda: api.run(first_token)}
 
 
-def in_turn_steps(beside: dict | None, least: int = 16) -> int:
+def in_turn_steps(iterations: int, least: int = 16) -> int:
     """The steps of costs.step_in_turn_seconds' chained loop beside loop_calls' calls: as many as the decode loop's
-    iterations (at least `least`), so that the calls timed side by side last about as long. A shared machine's
+    `iterations` (at least `least`), so that the calls timed side by side last about as long. A shared machine's
     slow spells then fall into each alike: a call several times longer than the others is likelier to hold one in
     every round, which biases its fastest time upward and the overhead with it."""
-    if beside is None:
-        return least
-    return max(least, loop_iterations(beside["loop"]().stats)[0])
+    return max(least, iterations)
 
 
 def loop_iterations(stats: dict) -> tuple[int, int]:
@@ -376,7 +375,7 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
         beside = loop_calls(target, spec)
         turn = costs.step_in_turn_seconds(
             spec.drafter, spec.draft_params, target, context, config.sampling, reps=engine_rounds, batch=B,
-            cache_size=buf, implementation=config.implementation, beside=beside, inner=in_turn_steps(beside))
+            cache_size=buf, implementation=config.implementation, beside=beside, inner=in_turn_steps(iterations))
         engine = engine_fields(turn, t1, tv)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
