@@ -362,10 +362,11 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
     commit_lengths, all_accepted = lengths + depth + 1, jnp.full((batch,), depth, jnp.int32)  # commits after these
     fixed_in, _ = _verify_pass(model, su, context, k)               # the verify alone feeds a chain of k + 1
 
-    def step(i, carry, with_drafter, with_verify):
+    def step(i, carry, with_drafter, with_verify, weights):
+        target_params, draft_params, exposed = weights
         last, state, cache = carry
         tokens = su.tokens.at[:, context - 1].set((i + last) % cfg.vocab_size)
-        ctx = Context(tokens, lengths, su.prompt_lengths, su.exposed)
+        ctx = Context(tokens, lengths, su.prompt_lengths, exposed)
         tree = None
         if with_drafter:
             if shares:   # drafts over the target's cache past the committed entries, as the loop hands it over
@@ -380,7 +381,7 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
         else:
             verify_in = jnp.concatenate([tokens[:, context - 1:context], fixed_in[:, 1:]], axis=1)
         if with_verify:
-            out = forward(model.params, cfg, verify_in, cache, hidden_layers=su.layers, implementation=implementation,
+            out = forward(target_params, cfg, verify_in, cache, hidden_layers=su.layers, implementation=implementation,
                           **({} if tree is None else dict(depths=tree.depths, mask=tree.mask)))
             cache = out.cache.replace(lengths=cache.lengths)
             last = (out.logits[0, -1, 0] > 0).astype(jnp.int32)    # the next step reads this verify
@@ -399,10 +400,14 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
         return last, state, cache
 
     def program(**parts):
-        # state and cache carried and donated, as the loop's are: their writes then update them in place
-        looped = jax.jit(lambda carry: lax.fori_loop(0, inner, functools.partial(step, **parts), carry),
-                         donate_argnums=0)
-        return lambda carry: jax.block_until_ready(looped(carry))
+        # state and cache carried and donated, as the loop's are: their writes then update them in place. The
+        # weights are arguments, as the loop's are: closed over, they would be compiled into the program as
+        # constants, other buffers than the loop reads (and a large program to compile)
+        looped = jax.jit(lambda weights, carry: lax.fori_loop(0, inner, functools.partial(step, weights=weights,
+                                                                                           **parts), carry),
+                         donate_argnums=1)
+        weights = (model.params, draft_params, su.exposed)
+        return lambda carry: jax.block_until_ready(looped(weights, carry))
 
     start = (jnp.int32(0), su.state, su.prefill.cache.replace(lengths=lengths - 1))
     fresh = functools.partial(_copied, start)

@@ -113,7 +113,7 @@ def head_logits(params: dict, hidden: jax.Array, lm_head: jax.Array | None = Non
 @dataclasses.dataclass(frozen=True)
 class MedusaDrafter:
     k: int
-    num_heads: int
+    num_heads: int                    # the heads the loop runs: the proposal's depth (first_heads)
     tree: TreeSpec | None = None
     uses_target_head: bool = False    # layout target_head: the heads project through the target's LM head
     num_steps: int = 0                # > 0: a dynamic tree (with topk) over the first num_steps heads
@@ -275,8 +275,17 @@ def _build(req: BuildRequest):
     width = cfg.tree.topk if cfg.tree is not None else topk
     if width > vocab:
         raise ValueError(f"the tree asks for top-{width} candidates but the vocabulary has {vocab} tokens")
-    return (MedusaDrafter(cfg.k, heads.num_heads, cfg.tree, heads.layout == "target_head", steps, topk),
-            heads.params)
+    return (MedusaDrafter(cfg.k, depth, cfg.tree, heads.layout == "target_head", steps, topk),
+            first_heads(heads.params, depth))
+
+
+def first_heads(params: dict, num_heads: int) -> dict:
+    """The heads' params cut to the first num_heads heads: a proposal drafts as many depths as it has heads, and the
+    heads past its depth would cost a vocabulary product each per step for drafts no one reads. Cut once when the
+    drafter is built (a cut inside the decode loop would copy the per-head projections every step)."""
+    if num_heads == params["w"].shape[0]:
+        return params
+    return {key: (value[:num_heads] if key != "proj" or value.ndim == 3 else value) for key, value in params.items()}
 
 
 def _param_specs(drafter: MedusaDrafter, params, mesh):
