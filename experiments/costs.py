@@ -331,11 +331,12 @@ def drafter_step_seconds(drafter, draft_params, model, context: int, sp, batch: 
 
 
 class InTurn(NamedTuple):
-    """step_in_turn_seconds' three programs, timed side by side (seconds per step)."""
+    """step_in_turn_seconds' three programs, timed side by side (seconds per step, free of per-call costs)."""
     in_turn: float      # proposal, verify, commit in turn
     drafter: float      # the drafter's part alone (proposal and commit, on one fixed verify output)
     verify: float       # the target's verify forward alone
     beside: dict        # {name: (seconds per call, first result)} of the `beside` calls, in the same rounds
+    per_call: float = 0.0   # seconds a call of the in-turn program costs beside its steps (its call of no steps)
 
 
 def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: int = 10, batch: int = 1,
@@ -347,12 +348,16 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
     every draft it could was accepted (a chain's k; a tree's deepest path, the verify output gathered along a root
     path of that depth, as the loop gathers the accepted one); `inner` steps chained in one compiled loop, each
     proposal reading what the last verify gave. Timed side by side with the drafter's part alone and the verify
-    alone (the same loops less the other model). Left out is the loop's own work (acceptance, a tree's path
+    alone (the same loops less the other model). Each program's step is its call of `inner` steps less its call
+    of none (the dispatch and the carry's handover, which a decode loop's step does not pay either: engine
+    overheads compare it with the loop's call less its one-token call), over `inner`. Left out is the loop's own work (acceptance, a tree's path
     gathers and KV compaction, committing tokens, statistics), so the loop's step over `in_turn` is the engine's
     overhead, and `in_turn` over drafter + verify is what taking turns costs: where the weights fit in the caches
     (the toy), each model evicts the other's. beside: other calls timed in the same rounds (e.g. the decode loop
     itself, whose step is then compared with `in_turn` measured in the same spells of a shared machine). Build the
     drafter for a buffer of at least context + 2k + 8 slots."""
+    if inner < 1:
+        raise ValueError(f"step_in_turn_seconds: inner={inner}, the steps chained per call, must be at least 1")
     cfg, k = model.config, drafter.k
     su = setup or drafter_setup(drafter, draft_params, model, context, sp, batch, cache_size)
     lengths = jnp.full((batch,), context, jnp.int32)
@@ -403,23 +408,25 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
         # state and cache carried and donated, as the loop's are: their writes then update them in place. The
         # weights are arguments, as the loop's are: closed over, they would be compiled into the program as
         # constants, other buffers than the loop reads (and a large program to compile)
-        looped = jax.jit(lambda weights, carry: lax.fori_loop(0, inner, functools.partial(step, weights=weights,
-                                                                                           **parts), carry),
-                         donate_argnums=1)
+        looped = jax.jit(lambda weights, carry, steps: lax.fori_loop(
+            0, steps, functools.partial(step, weights=weights, **parts), carry), donate_argnums=1)
         weights = (model.params, draft_params, su.exposed)
-        return lambda carry: jax.block_until_ready(looped(weights, carry))
+        return {steps: (lambda carry, steps=jnp.int32(steps): jax.block_until_ready(looped(weights, carry, steps)))
+                for steps in (inner, 0)}             # one compiled program: the step count is an argument
 
     start = (jnp.int32(0), su.state, su.prefill.cache.replace(lengths=lengths - 1))
     fresh = functools.partial(_copied, start)
-    calls = dict(in_turn=program(with_drafter=True, with_verify=True),
-                 drafter=program(with_drafter=True, with_verify=False),
-                 verify=program(with_drafter=False, with_verify=True))
+    programs = dict(in_turn=program(with_drafter=True, with_verify=True),
+                    drafter=program(with_drafter=True, with_verify=False),
+                    verify=program(with_drafter=False, with_verify=True))
+    calls = {(name, steps): call for name, by_steps in programs.items() for steps, call in by_steps.items()}
     fresh_inputs = {name: fresh for name in calls}
     for name, call in (beside or {}).items():
         calls[f"beside:{name}"], fresh_inputs[f"beside:{name}"] = (lambda _, call=call: call()), (lambda: None)
     seconds, results = fastest_alternating(calls, reps, fresh_inputs=fresh_inputs, budget_s=budget_s)
-    return InTurn(*(seconds[name] / inner for name in ("in_turn", "drafter", "verify")),
-                  {name: (seconds[f"beside:{name}"], results[f"beside:{name}"]) for name in beside or {}})
+    return InTurn(*((seconds[name, inner] - seconds[name, 0]) / inner for name in programs),
+                  {name: (seconds[f"beside:{name}"], results[f"beside:{name}"]) for name in beside or {}},
+                  seconds["in_turn", 0])
 
 
 def init_seconds(drafter, draft_params, model, prompt_len: int, sp, reps: int = 10, batch: int = 1,

@@ -283,8 +283,10 @@ def loop_iterations(stats: dict) -> tuple[int, int]:
 def engine_fields(turn: costs.InTurn, t1: float, tv: float) -> dict:
     """A step_in_turn_seconds measurement as a row's fields: in_turn_ms (the step in turn), taking_turns (it over
     the drafter's part and the verify apart) and, with loop_calls beside it, the engine's own per-step overhead:
-    the loop's step (the call less its one-token call, over the loop's iterations) over the in-turn step with the
-    call's share of one-position steps (their verify one position wide, at the measured t1 / tv), - 1."""
+    the loop's step (the call less its one-token call, over the loop's iterations) over the in-turn step (its
+    chain's call less the same program's call of no steps, over the chain's steps: per-call costs left out on both
+    sides) with the call's share of one-position steps (their verify one position wide, at the measured t1 / tv),
+    - 1."""
     fields = dict(in_turn_ms=turn.in_turn * 1e3, taking_turns=turn.in_turn / (turn.drafter + turn.verify))
     if "loop" not in turn.beside:
         return fields
