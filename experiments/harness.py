@@ -8,7 +8,7 @@ setting is an argument, so any experiment can import it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -155,7 +155,7 @@ COST_BUDGET_S = 2.0       # seconds of timed calls per measured cost (experiment
 
 def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_new_tokens: int, is_tree: bool,
             batch: int = 1, cost_memo: dict | None = None, engine_overhead: bool = False,
-            engine_rounds: int = ENGINE_ROUNDS) -> dict:
+            engine_rounds: int = ENGINE_ROUNDS, engine_repeats: int = 1) -> dict:
     """The analytic speedup beside the measured one: the target's decode step t1, its (k+1)-position verify tv
     and the drafter's proposal tp measured the way the loop pays them (batch rows, the drafter and buffer that
     prepare() gives the run's first batch, at a typical context: measured_context), then Leviathan's formula with
@@ -168,7 +168,8 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     drafter and target work run in turn (costs.step_in_turn_seconds) with the row's decode loop on its first
     prompt (or batch) timed in the same rounds (loop_calls), which on a shared machine is what tells the engine's
     overhead from a change of the machine's speed between the run and the cost measurements -> engine_fields
-    (the loop is not timed again for a drafter that learns across calls), in engine_rounds alternating rounds.
+    (the loop is not timed again for a drafter that learns across calls), in engine_rounds alternating rounds,
+    engine_repeats times (repeated_engine_fields).
     cost_memo: the target's forward costs already measured by this caller (one dict per experiment, whose targets
     outlive it), so rows that share a target, batch, buffer and context measure them once."""
     k, sp = config.k, config.sampling
@@ -206,15 +207,15 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     tp = t_propose + t_commit
     # engine_overhead: the same work run in turn, as the loop runs it (beside the drafter's part and the verify
     # alone, and the loop itself on the first prompt, at that loop's own context)
-    turn = beside = None
+    engine = {}
     if engine_overhead:
         beside = loop_calls(target, prepared)
         turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
-        turn = costs.step_in_turn_seconds(prepared.drafter, prepared.draft_params, target, turn_context, sp,
-                                          reps=engine_rounds, beside=beside, **dict(target_timing, budget_s=None),
-                                          setup=setup if turn_context == context else None,
-                                          inner=in_turn_steps(loop_iterations(beside["loop"]().stats)[0]
-                                                              if beside else 0))
+        engine = repeated_engine_fields(lambda: costs.step_in_turn_seconds(
+            prepared.drafter, prepared.draft_params, target, turn_context, sp, reps=engine_rounds, beside=beside,
+            **dict(target_timing, budget_s=None), setup=setup if turn_context == context else None,
+            inner=in_turn_steps(loop_iterations(beside["loop"]().stats)[0] if beside else 0)), t1, tv_full,
+            engine_repeats)
     # Prefill (prompt padded to the set's longest, as in run_prompts) timed as a run pays it, a one-token call (a
     # forward over the prompt chained in a loop of its own overstates it, and the steady step of a row with few
     # passes is the most sensitive to that), and the drafter's own (its init).
@@ -248,7 +249,7 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
                 decode_ms=t1 * 1e3, one_position_share=share,
                 model_ms_per_step=(tp + share * t1 + (1 - share) * tv) * 1e3,
                 **({} if tv == tv_full else dict(verify_cost_full=tv_full / t1)),
-                **({} if turn is None else engine_fields(turn, t1, tv_full)))
+                **engine)
 
 
 def loop_calls(target, prepared: api.Prepared) -> dict | None:
@@ -297,6 +298,25 @@ def engine_fields(turn: costs.InTurn, t1: float, tv: float) -> dict:
     return dict(fields, loop_ms_per_step=loop_ms, engine_overhead=loop_ms / turn_ms - 1)
 
 
+def repeated_engine_fields(measure: Callable[[], costs.InTurn], t1: float, tv: float, repeats: int = 1) -> dict:
+    """engine_fields of `repeats` measurements (measure(): one step_in_turn_seconds call, its own alternating
+    rounds): the fields of the one whose overhead is the median (the lower of two middles), with several also
+    engine_overhead_min and engine_overhead_max. A shared machine's state can move a whole measurement: one alone
+    has put a row ten points away from its repeats. A measurement without the loop beside it (a drafter that
+    learns across calls) is taken once."""
+    measured = []
+    for _ in range(max(1, repeats)):
+        measured.append(engine_fields(measure(), t1, tv))
+        if "engine_overhead" not in measured[-1]:
+            return measured[-1]
+    measured.sort(key=lambda fields: fields["engine_overhead"])
+    median = measured[(len(measured) - 1) // 2]
+    if len(measured) == 1:
+        return median
+    return dict(median, engine_overhead_min=measured[0]["engine_overhead"],
+                engine_overhead_max=measured[-1]["engine_overhead"])
+
+
 def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_threshold: float | None = None,
                   acceptance_rate_window_size: int = 16) -> dict:
     """The dynamic policy's SpecConfig fields for a run of `method` drafting k tokens ({} = no policy). schedule:
@@ -321,7 +341,7 @@ def policy_fields(schedule: Sequence[str], method: str, k: int, acceptance_rate_
 
 def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config: SpecConfig, drafter: Any,
                   policy: SpecConfig | None, rounds: int, roofline_machine: tuple[float, float],
-                  engine_overhead: bool = False, engine_rounds: int = ENGINE_ROUNDS) -> dict:
+                  engine_overhead: bool = False, engine_rounds: int = ENGINE_ROUNDS, engine_repeats: int = 1) -> dict:
     """One batch (every row of ids decoded in one call) by plain decoding, by `config` and by the dynamic policy,
     timed side by side (rounds alternating rounds, the fastest of each), beside the prediction from costs measured
     at this batch size and the run's buffer (the prefill as generate() runs it, one target forward over 1 and over
@@ -375,10 +395,10 @@ def measure_batch(target, ids: list[list[int]], plain_config: SpecConfig, config
     engine = {}
     if engine_overhead and not registry.get(config.method).per_request_params:
         beside = loop_calls(target, spec)
-        turn = costs.step_in_turn_seconds(
+        engine = repeated_engine_fields(lambda: costs.step_in_turn_seconds(
             spec.drafter, spec.draft_params, target, context, config.sampling, reps=engine_rounds, batch=B,
-            cache_size=buf, implementation=config.implementation, beside=beside, inner=in_turn_steps(iterations))
-        engine = engine_fields(turn, t1, tv)
+            cache_size=buf, implementation=config.implementation, beside=beside, inner=in_turn_steps(iterations)),
+            t1, tv, engine_repeats)
     plain_out = results["plain"].tokens
     exact = ("yes" if results["spec"].tokens == plain_out and (policy is None or results["policy"].tokens
                                                                 == plain_out) else "no") \

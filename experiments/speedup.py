@@ -124,6 +124,8 @@ flags.DEFINE_bool("engine_overhead", False, "also each row's step run in turn (t
                   "in_turn_ms, taking_turns, loop_ms_per_step, engine_overhead)")
 flags.DEFINE_integer("engine_overhead_rounds", harness.ENGINE_ROUNDS, "--engine_overhead's alternating rounds "
                      "(the fastest of each program kept; no time budget cuts them)", lower_bound=1)
+flags.DEFINE_integer("engine_overhead_repeats", 3, "--engine_overhead's measurements per row, each its own rounds: "
+                     "the row keeps the median overhead and the range (engine_overhead_min / _max)", lower_bound=1)
 flags.DEFINE_enum("profile_by", "kind", ["kind", "signature", "part"], "--profile's grouping: by operation kind, "
                   "by signature (a kernel's or opcode's name and result shape, one key per kernel at one shape), or by "
                   f"the loop step's part ({', '.join(decode.STEP_PARTS)}; '{costs.LOOP_CONTROL}': the loop's own "
@@ -308,7 +310,8 @@ def one_at_a_time() -> None:
             # Draft, verify and decode costs measured as the loop pays them, and the prediction from them.
             pred = harness.predict(target, config, drafter_arg, prompts, st, base, FLAGS.max_new_tokens, bool(tree),
                                    cost_memo=cost_memo, engine_overhead=FLAGS.engine_overhead,
-                                   engine_rounds=FLAGS.engine_overhead_rounds)
+                                   engine_rounds=FLAGS.engine_overhead_rounds,
+                                   engine_repeats=FLAGS.engine_overhead_repeats)
             c, verify_cost, alpha_fit, predicted, steady = (pred[f] for f in ("c", "verify_cost", "alpha_fit",
                                                                               "predicted", "steady"))
             plain_ms, step_ms = pred["plain_ms_per_step"], pred["spec_ms_per_step"]
@@ -386,7 +389,8 @@ def one_at_a_time() -> None:
         raise SystemExit(f"greedy speculative output differs from plain decoding in runs {differ}")
 
 
-ENGINE_FIELDS = ("in_turn_ms", "taking_turns", "loop_ms_per_step", "engine_overhead")
+ENGINE_FIELDS = ("in_turn_ms", "taking_turns", "loop_ms_per_step", "engine_overhead", "engine_overhead_min",
+                 "engine_overhead_max")
 
 
 def print_engine_overhead(measured: dict, method: str) -> None:
@@ -396,6 +400,9 @@ def print_engine_overhead(measured: dict, method: str) -> None:
     if "engine_overhead" in measured:
         line += (f"; beside it the loop's step {measured['loop_ms_per_step']:.3f} ms: engine overhead "
                  f"{measured['engine_overhead']:+.1%}")
+        if "engine_overhead_min" in measured:
+            line += (f" (the median of repeats from {measured['engine_overhead_min']:+.1%} to "
+                     f"{measured['engine_overhead_max']:+.1%})")
     else:
         line += f"; engine overhead not measured: {method} learns from each call's outputs"
     print(line, flush=True)
@@ -476,7 +483,8 @@ def batch_sweep(batch_sizes: list[int]) -> None:
             rec = {"batch": B, "prompts": pset, "method": run["label"] or method + (f"/{tree}" if tree else ""),
                    **harness.measure_batch(target, ids, plain_config, config, drafter, policy, rounds,
                                            (peak_flops, bandwidth), engine_overhead=FLAGS.engine_overhead,
-                                           engine_rounds=FLAGS.engine_overhead_rounds)}
+                                           engine_rounds=FLAGS.engine_overhead_rounds,
+                                           engine_repeats=FLAGS.engine_overhead_repeats)}
             if FLAGS.profile:
                 plain_key = (B, pset, plain_config)
                 if plain_key not in plain_profiles:

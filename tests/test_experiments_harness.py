@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 import jax
@@ -162,6 +163,25 @@ def test_step_in_turn_runs_every_kind_of_drafter_beside_other_calls(target):
         if beside:
             assert turn.beside["loop"][0] > 0 and turn.beside["loop"][1] == 1      # its time, its first result
     assert calls == ["eagle3"] * 4 and turn.beside == {}         # one warm-up call, then one per round
+
+
+def test_repeated_engine_fields_keep_the_median_and_the_range():
+    """Repeated engine measurements: the row keeps the one whose overhead is the median, with the lowest and the
+    highest; a measurement without the decode loop beside it (a drafter that learns across calls) is taken once."""
+    class LoopResult:                                   # a decode call's result: 10 iterations, none one position wide
+        stats = {"accept_trace": np.zeros((1, 10))}
+    loop_seconds = iter([1.2, 1.01, 1.05])     # less the 0.1-s one-token call, over 10: steps of 110, 91 and 95 ms
+
+    def measure():
+        return costs.InTurn(0.1, 0.02, 0.08, {"loop": (next(loop_seconds), LoopResult()), "prefill": (0.1, None)})
+    fields = harness.repeated_engine_fields(measure, 0.05, 0.08, repeats=3)
+    assert fields["loop_ms_per_step"] == pytest.approx(95.0) and fields["engine_overhead"] == pytest.approx(-0.05)
+    assert fields["engine_overhead_min"] == pytest.approx(-0.09)
+    assert fields["engine_overhead_max"] == pytest.approx(0.10)
+    calls = []
+    fields = harness.repeated_engine_fields(lambda: calls.append(1) or costs.InTurn(0.1, 0.02, 0.08, {}), 0.05, 0.08,
+                                            repeats=3)
+    assert calls == [1] and "engine_overhead" not in fields and fields["in_turn_ms"] == pytest.approx(100.0)
 
 
 @pytest.mark.slow             # two batches' programs and costs: about a minute on 2 cores

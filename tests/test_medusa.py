@@ -11,6 +11,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.drafters import medusa
 from specjax.drafters.base import target_weight
+from specjax.drafters.registry import BuildRequest, build as build_drafter
 from specjax.trees import MEDUSA_63, choices_from_accuracies
 from specjax.verify import chain_typical_lossy, typical_threshold
 from layouts import write_medusa_repo_layout, write_vllm_medusa_layout
@@ -83,6 +84,25 @@ def test_artifact_round_trip(tmp_path, target, layout):
         cfg = SpecConfig(method="medusa", num_speculative_tokens=3, max_new_tokens=12)
         assert specjax.generate(target, prompts, cfg, drafter=str(tmp_path / "h")).tokens == \
             specjax.generate(target, prompts, SpecConfig(max_new_tokens=12)).tokens
+
+
+@pytest.mark.parametrize("layout", ["per_head", "shared", "target_head"])
+def test_loop_runs_only_the_heads_it_drafts(target, layout):
+    """Heads past the proposal's depth are cut when the drafter is built (each would cost a vocabulary product per
+    step for drafts no one reads); the heads kept are the first ones, unchanged, and decoding stays exact."""
+    heads = random_heads(target, num_heads=4, layout=layout)
+    prompts = ragged_prompts(2, seed=3)
+    for cfg, depth in ((SpecConfig(method="medusa", num_speculative_tokens=2, max_new_tokens=10), 2),
+                       (SpecConfig(method="medusa", num_speculative_tokens=4, max_new_tokens=10), 4),
+                       (SpecConfig(method="medusa", tree_choices=((0,), (1,), (0, 0), (0, 0, 0)), max_new_tokens=10),
+                        3)):
+        drafter, params = build_drafter(BuildRequest(cfg, target, heads, prompts, 64))
+        assert drafter.num_heads == depth and params["w"].shape[0] == params["b"].shape[0] == depth
+        for key in params:
+            cut = heads.params[key][:depth] if key != "proj" or layout == "per_head" else heads.params[key]
+            np.testing.assert_array_equal(np.asarray(params[key]), np.asarray(cut))
+        assert specjax.generate(target, prompts, cfg, drafter=heads).tokens == \
+            specjax.generate(target, prompts, SpecConfig(max_new_tokens=10)).tokens
 
 
 def test_bad_input(tmp_path, target):
