@@ -350,12 +350,12 @@ def step_in_turn_seconds(drafter, draft_params, model, context: int, sp, reps: i
     proposal reading what the last verify gave. Timed side by side with the drafter's part alone and the verify
     alone (the same loops less the other model). Each program's step is its call of `inner` steps less its call
     of none (the dispatch and the carry's handover, which a decode loop's step does not pay either: engine
-    overheads compare it with the loop's call less its one-token call), over `inner`. Left out is the loop's own work (acceptance, a tree's path
-    gathers and KV compaction, committing tokens, statistics), so the loop's step over `in_turn` is the engine's
-    overhead, and `in_turn` over drafter + verify is what taking turns costs: where the weights fit in the caches
-    (the toy), each model evicts the other's. beside: other calls timed in the same rounds (e.g. the decode loop
-    itself, whose step is then compared with `in_turn` measured in the same spells of a shared machine). Build the
-    drafter for a buffer of at least context + 2k + 8 slots."""
+    overheads compare it with the loop's call less its one-token call), over `inner`. Left out is the loop's own
+    work (acceptance, a tree's path gathers and KV compaction, committing tokens, statistics), so the loop's step
+    over `in_turn` is the engine's overhead, and `in_turn` over drafter + verify is what taking turns costs: where
+    the weights fit in the caches (the toy), each model evicts the other's. beside: other calls timed in the same
+    rounds (e.g. the decode loop itself, whose step is then compared with `in_turn` measured in the same spells of
+    a shared machine). Build the drafter for a buffer of at least context + 2k + 8 slots."""
     if inner < 1:
         raise ValueError(f"step_in_turn_seconds: inner={inner}, the steps chained per call, must be at least 1")
     cfg, k = model.config, drafter.k

@@ -211,11 +211,11 @@ def predict(target, config, drafter_arg, prompts, spec: dict, base: dict, max_ne
     if engine_overhead:
         beside = loop_calls(target, prepared)
         turn_context = measured_context(target, prompts[:batch], max_new_tokens, prepared) if beside else context
+        steps = in_turn_steps(loop_iterations(beside["loop"]().stats)[0] if beside else 0)   # counted once
         engine = repeated_engine_fields(lambda: costs.step_in_turn_seconds(
             prepared.drafter, prepared.draft_params, target, turn_context, sp, reps=engine_rounds, beside=beside,
-            **dict(target_timing, budget_s=None), setup=setup if turn_context == context else None,
-            inner=in_turn_steps(loop_iterations(beside["loop"]().stats)[0] if beside else 0)), t1, tv_full,
-            engine_repeats)
+            **dict(target_timing, budget_s=None), setup=setup if turn_context == context else None, inner=steps),
+            t1, tv_full, engine_repeats)
     # Prefill (prompt padded to the set's longest, as in run_prompts) timed as a run pays it, a one-token call (a
     # forward over the prompt chained in a loop of its own overstates it, and the steady step of a row with few
     # passes is the most sensitive to that), and the drafter's own (its init).
