@@ -20,6 +20,8 @@ import tempfile
 import jax
 import jaxlib
 
+from specjax import settings
+
 TARGET = "specjax_small_m_matmul"
 PANELS_TARGET = "specjax_small_m_matmul_panels"
 Q4_1_TARGET = "specjax_small_m_matmul_q4_1"
@@ -52,12 +54,8 @@ log = logging.getLogger(__name__)
 
 
 def cache_dir() -> str:
-    """$SPECJAX_CACHE or $XDG_CACHE_HOME/specjax or ~/.cache/specjax, then kernels/: the root of
-    specjax.checkpoints.cache_dir, restated because importing it would import the specjax package, which imports
-    this kernel (a cycle)."""
-    root = os.environ.get("SPECJAX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specjax")
-    return os.path.join(root, "kernels")
+    """kernels/ under the user cache (specjax.settings.cache_dir)."""
+    return os.path.join(settings.cache_dir(), "kernels")
 
 
 def cpu_flags() -> str:
@@ -130,16 +128,6 @@ def require() -> str:
     return target
 
 
-def turned_off(switch: str) -> bool:
-    """Whether the environment switch `switch` (e.g. SPECJAX_ROPE_KERNEL) is "0": that kernel's callers trace XLA's
-    ops instead (read when a program is traced)."""
-    return os.environ.get(switch, "1") == "0"
-
-
-def kernel_or_reference(kernel, reference, *args, usable: bool):
-    """kernel(*args) where `usable` (the caller's dtype / shape / switch rules), the default backend is a CPU and the
-    kernels are built, traced with lax.platform_dependent so that a CPU program lowered for another platform lowers
-    reference(*args) there; reference(*args) otherwise."""
-    if not usable or jax.default_backend() != "cpu" or load() is None:
-        return reference(*args)
-    return jax.lax.platform_dependent(*args, cpu=kernel, default=reference)
+def available() -> bool:
+    """Whether the kernels are built and registered on this machine (building them on first use)."""
+    return load() is not None

@@ -135,7 +135,8 @@ def main(argv):
     base = FLAGS.base or ("HEAD" if FLAGS.mode == "programs" else None)
     if FLAGS.mode == "programs":
         settings = {"methods": FLAGS.methods, "max_new_tokens": FLAGS.max_new_tokens, "k": 4, "pad_to": 64,
-                    "target": FLAGS.target, "draft": FLAGS.draft,
+                    "target": FLAGS.target, "draft": FLAGS.draft, "weight_format": FLAGS.weight_format,
+                    "drafters": dict(pair.split("=", 1) for pair in FLAGS.drafters),
                     "prompts": [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(FLAGS.batch)]}
     else:
         settings = {"batch_sizes": [int(b) for b in FLAGS.batch_sizes], "max_new_tokens": FLAGS.max_new_tokens,
@@ -178,7 +179,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("rounds", 5, "alternating timing rounds")
     flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row (parts: N; the step is taken between N/2 and N)")
     flags.DEFINE_string("target", "stdlib-target", "shipped target name or HF directory")
-    flags.DEFINE_string("draft", "stdlib-draft", "programs: draft model of draft_model")
+    flags.DEFINE_string("draft", "stdlib-draft", "programs: draft model of draft_model ('' for none)")
+    flags.DEFINE_list("drafters", [], "programs: what other methods draft from, method=drafter pairs (a shipped "
+                      "name or a directory), e.g. eagle3=stdlib-target-eagle3")
+    flags.DEFINE_string("weight_format", "auto", "programs: the target's load_model weight_format (auto, float32, "
+                        "panels, gguf, gguf_int8)")
     flags.DEFINE_string("out", None, "path stem of the table (default runs/compare_revisions_<mode>)")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import functools
 import glob
-import os
 import re
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specjax import api
+from specjax import api, settings
 from specjax.cache import KVCache
 from specjax.config import SpecConfig
 from specjax.decode import PROGRAM_PARTS, shares_target_cache, target_exposure
@@ -99,8 +98,9 @@ def _per_call_seconds(one_call, args, inner: int, reps: int, budget_s: float | N
                    donate_argnums=1)
 def _chained_forwards(params, cache, *, cfg, T: int, inner: int, implementation: str, switches: tuple):
     """`inner` cached target forwards over T new positions, chained in one compiled loop (module-level, so every
-    cost measurement of one shape shares one compiled program). switches: the SPECJAX_* environment the kernels
-    read when a forward is traced, a static argument so that another setting compiles its own program."""
+    cost measurement of one shape shares one compiled program). switches: the backend choices in force when a
+    forward is traced (specjax.settings.backends()), a static argument so that another choice compiles its own
+    program."""
     del switches
     batch = cache.lengths.shape[0]
 
@@ -124,7 +124,7 @@ def looped_forward(model, context: int, T: int, batch: int = 1, cache_size: int 
     # The cache is carried, as in the decode loop, so its writes update it in place; a loop-invariant cache would
     # be copied whole by every write and the copy counted as forward time. It is donated as the loop's state is:
     # otherwise every call copies it into the loop's carry first (returned, so that the carry can live in it).
-    switches = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("SPECJAX_")))
+    switches = settings.backends()
     fn = functools.partial(_chained_forwards, cfg=cfg, T=T, inner=inner, implementation=implementation,
                            switches=switches)
     return fn, model.params, cache

@@ -1,45 +1,11 @@
 """Where a target forward's time goes on this machine: its cost over T = 1, 2, 3, 5, 9, 17 positions relative to
-T = 1 (the verify-cost ratio of a (T-1)-token chain), and a breakdown by XLA operation of each.
+T = 1 (the verify-cost ratio of a (T-1)-token chain), beside the machine's compute floor, and a breakdown of each
+forward by XLA operation or CPU kernel.
 
   python -m experiments.forward_profile                                  # SmolLM2-135M and the toy
-  python -m experiments.forward_profile --targets=stdlib-target --positions=1,5 --batch=8
   python -m experiments.forward_profile --matmul=kernel,xla --nobreakdown     # the small-M kernel vs XLA's dot
-  python -m experiments.forward_profile --targets=smollm2-135m --weight_format=float32,gguf,gguf_int8 --rounds=3
-  python -m experiments.forward_profile --layer_ops=kernel,xla --nobreakdown   # fixed-order attention etc. vs XLA
-  JAX_PLATFORMS=cuda python -m experiments.forward_profile --targets=smollm2-135m,random:llama-1b \
-      --dtype=bfloat16 --implementation=xla,pallas --nobreakdown            # an accelerator, both attention paths
 
---matmul: the matmul paths measured side by side (for each T, one after the other): `kernel` (the default: the
-small-M CPU kernel of cpu_kernels.small_m_matmul where it applies) and `xla` (XLA's dot everywhere, i.e.
-SPECJAX_SMALL_M_MATMUL=0). --layer_ops: the same for attention, RoPE, RMS norm, the cache write and SwiGLU: `kernel`
-(the CPU kernels of cpu_kernels.verify_attention, .rope, .rms_norm, .cache_write, .swiglu) or `xla` (XLA's ops:
-SPECJAX_VERIFY_ATTENTION_KERNEL=0, SPECJAX_ROPE_KERNEL=0, SPECJAX_RMS_NORM_KERNEL=0,
-SPECJAX_CACHE_WRITE_KERNEL=0, SPECJAX_SWIGLU_KERNEL=0). Each path's ratio is against its own T = 1. The weight formats of
-a target and the paths are measured in turn for each T (one after the other), the whole sweep --rounds times.
---implementation: the attention path of the forward (SpecConfig.implementation), side by side: `xla` or `pallas`
-(the verify-attention kernel: native on a GPU or TPU, interpreted on a CPU, so only for correctness there).
-A target `random:<shape>` (RANDOM_SHAPES) is that architecture with random weights, for costs where no checkpoint
-is at hand (a forward's cost does not depend on the weights' values).
-
-Cost: experiments.costs.forward_seconds (one cached forward after --context tokens of history, chained inside one
-compiled loop over the buffer the decode loop would use, the fastest of its rounds). Breakdown: the same compiled
-loop run under jax.profiler, every executed XLA thunk summed by --breakdown_by: its signature (the default: the CPU
-kernel or XLA opcode with its result shape, e.g. `specjax_small_m_matmul_panels f32[5,3072]`,
-`specjax_verify_attention f32[1,5,9,64]`, `wrapped_scatter f32[1,3,64,338]`) or its kind (the HLO name without the
-numeric suffix, e.g. `dot`, `ynn_fusion`: a matmul handed to YNNPACK, `copy`; every CPU kernel is one `ffi_call`), on
-every host thread, so an operation that runs on two threads at once counts twice: `thread ms` is CPU time per
-forward, not wall time (a CPU kernel's thunk spans its call, whatever threads it fans out to). The operations that
-grow with T are where a verify pass loses to a one-position step; the matmuls against the weight bytes give the
-bandwidth they reach (`matmul_GB_s`: weight bytes / the matmuls' thread time).
-
-Compute floor (--roofline, the default): the machine's float32 peak as XLA reaches it (a 1024-cubed matmul,
-costs.machine_roofline) against each forward's FLOPs (costs.roofline_inputs: 2 per weight and token, plus attention
-over the context): `gflop_s` is the rate a row reached, `compute_floor_vs_one` the T-position forward's FLOPs at the
-peak over the measured T = 1 time. Where weights stream from memory (SmolLM2-135M) the floor stays at 1 up to many
-positions; where they sit in cache (the toy's) a T = 1 step is fast and a few positions more make the forward
-compute-bound, so the floor is what a verify-cost goal has to be set against on that machine.
-
-Rows are written with experiments.tables.write_table under --out (default runs/forward_profile).
+The manual (the paths compared, the cost, the breakdown, the compute floor): docs/forward_profile.md.
 """
 from __future__ import annotations
 
@@ -56,7 +22,7 @@ import jax.numpy as jnp
 import specjax
 from experiments import costs
 from experiments.tables import text_table, write_table
-from specjax import checkpoints
+from specjax import checkpoints, settings
 from specjax.models.config import ModelConfig
 from specjax.models.llama import init_params
 from specjax.models.model import Model, weight_arrays
@@ -101,28 +67,21 @@ def breakdown(model, T: int, batch: int, context: int, calls: int = 3,
     return {kind: (ms / n, count / n) for kind, (ms, count) in kinds.items()}
 
 
-# The switches each path traces with (read when a forward is traced): "kernel" leaves them on, "xla" turns them off.
-MATMUL_SWITCHES = ("SPECJAX_SMALL_M_MATMUL",)
-LAYER_OP_SWITCHES = ("SPECJAX_VERIFY_ATTENTION_KERNEL", "SPECJAX_ROPE_KERNEL", "SPECJAX_RMS_NORM_KERNEL",
-                     "SPECJAX_CACHE_WRITE_KERNEL", "SPECJAX_SWIGLU_KERNEL")
+# The ops each path choice governs (specjax.settings): "kernel" leaves their backend choice at auto (the CPU kernels
+# where they apply), "xla" computes them by their XLA-lowered definitions.
+MATMUL_OPS = ("linear",)
+LAYER_OPS = ("attention", "rope", "rms_norm", "cache_write", "swiglu")
 PATHS = ("kernel", "xla")
 
 
 @contextlib.contextmanager
 def kernel_paths(matmul: str, layer_ops: str):
-    """Trace inside with the given paths for the matmuls and for attention / RoPE / RMS norm."""
-    settings = {v: "1" if path == "kernel" else "0"
-                for switches, path in ((MATMUL_SWITCHES, matmul), (LAYER_OP_SWITCHES, layer_ops)) for v in switches}
-    before = {v: os.environ.get(v) for v in settings}
-    os.environ.update(settings)
-    try:
+    """Trace inside with the given paths for the matmuls and for attention / RoPE / RMS norm / cache write /
+    SwiGLU."""
+    choices = {op: "auto" if path == "kernel" else "xla"
+               for ops_, path in ((MATMUL_OPS, matmul), (LAYER_OPS, layer_ops)) for op in ops_}
+    with settings.use_backends(**choices):
         yield
-    finally:
-        for v, value in before.items():
-            if value is None:
-                del os.environ[v]
-            else:
-                os.environ[v] = value
 
 
 def load_target(name: str, weights: str, dtype) -> specjax.Model:

@@ -26,7 +26,7 @@ from absl import app, flags
 
 import specjax
 from specjax import SpecConfig, api
-from specjax.decode import round_up
+from specjax.planning import round_up
 from experiments import costs
 from experiments.prompts import humaneval_prompts
 from experiments.tables import text_table, write_table

@@ -41,8 +41,12 @@ import specjax
 from specjax import SpecConfig, api
 from specjax.cache import GroupedKVCache, KVCache
 from specjax.models.llama import forward, kv_heads
-from pallas_kernels.verify_attention.reference import verify_attention_reference
 from experiments.costs import fastest_seconds
+
+try:                                         # the op's definition in specjax.ops
+    from specjax.ops import verify_attention_reference
+except ImportError:                          # before specjax.ops: beside the Pallas kernel
+    from pallas_kernels.verify_attention.reference import verify_attention_reference
 
 try:                                         # generate() = prepare() + run(), the loop named decode_loop
     from specjax.decode import decode_loop as LOOP
@@ -96,8 +100,9 @@ class Programs:
     """Each method's compiled decode loop and generate() call on the shipped target (and draft)."""
 
     def __init__(self, s: dict):
-        self.target = specjax.load_model(s["target"])
-        self.drafters = {"draft_model": specjax.load_model(s["draft"])}
+        self.target = specjax.load_model(s["target"], weight_format=s.get("weight_format", "auto"))
+        self.drafters = {**({"draft_model": specjax.load_model(s["draft"])} if s.get("draft") else {}),
+                         **s.get("drafters", {})}
         self.prompts, self.pad_to = s["prompts"], s["pad_to"]
         self.configs = {m: method_config(m, s["max_new_tokens"], s["k"]) for m in s["methods"]}
 

@@ -14,11 +14,12 @@ from jax.sharding import Mesh
 
 from specjax.checkpoints import available_drafters, available_models
 from specjax.config import SpecConfig
-from specjax.decode import buffer_length, decode_loop, group_cache_sizes
+from specjax.decode import decode_loop
 from specjax.drafters import registry
-from specjax.inputs import encode_all, plan_prefill, prompt_bucket, right_pad
+from specjax.inputs import encode_all, right_pad
 from specjax.metrics import summarize
 from specjax.models.model import Model, load_model
+from specjax.planning import buffer_length, group_cache_sizes, plan_prefill, prompt_bucket
 from specjax.sharding import shard_for_generate, to_host
 
 __all__ = ["GenerateResult", "Model", "Prepared", "available_drafters", "available_models", "compiled_text",
@@ -77,14 +78,14 @@ def _as_config(config) -> SpecConfig:
 def prepare(model: Model, prompts: Sequence, config: SpecConfig | dict | None = None, drafter: Any = None,
             seed: int = 0, request_ids: Sequence[int] | None = None, mesh: Mesh | None = None,
             pad_to: int | None = None, prefill_groups: int = 4) -> Prepared:
-    """Everything generate() does before decoding: validate the request, tokenize, plan the prefill and the
-    caches, build the drafter (loading a directory or shipped name once) and place the arrays. Arguments as
-    generate()'s."""
-    config = _as_config(config)
+    """Everything generate() does before decoding: validate the request (the config checked against its method
+    and completed: registry.resolve), tokenize, plan the prefill and the caches, build the drafter (loading a
+    directory or shipped name once) and place the arrays. Arguments as generate()'s."""
+    config = registry.resolve(_as_config(config))   # checked against its method and completed (the static jit arg)
     if not isinstance(model, Model):
         raise TypeError(f"model must be a specjax Model (specjax.load_model(...)), got {type(model).__name__}")
     ids = encode_all(model, prompts, "prompt")
-    scheduled = config.for_batch(len(ids))         # the draft_len_schedule's k for this many requests
+    scheduled = config.for_batch(len(ids))         # the draft_len_schedule's k for this many requests (resolved)
     if scheduled.method != config.method:          # k = 0 at this batch size: plain decoding, no drafter
         drafter = None
     config = scheduled

@@ -9,9 +9,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from cpu_kernels.cache_write import write_kv
-from cpu_kernels.cache_write.reference import block_index
 from specjax.layout import constrain_cache
+from specjax.ops import block_index, write_kv
 
 
 def keys_transposed_by_default() -> bool:
@@ -59,8 +58,7 @@ class KVCache:
 
     def write(self, layer: int, k_new: jax.Array, v_new: jax.Array, starts: jax.Array) -> "KVCache":
         """Write k_new/v_new [B, T, Hkv, D] at slots starts[b] .. starts[b] + T - 1 of `layer` (a start past
-        size - T is clamped to it, as lax.dynamic_update_slice does), in place under jit: on a CPU the cache-write
-        kernel, else one scatter (cpu_kernels.cache_write)."""
+        size - T is clamped to it, as lax.dynamic_update_slice does), in place under jit (specjax.ops.write_kv)."""
         k, v = write_kv(self.k[layer], self.v[layer], k_new, v_new, starts, self.keys_transposed)
         return self.replace(k=self.k[:layer] + (k,) + self.k[layer + 1:], v=self.v[:layer] + (v,) + self.v[layer + 1:])
 

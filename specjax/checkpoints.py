@@ -15,8 +15,8 @@ import json
 import os
 import sys
 
-SHIPPED_ENV = "SPECJAX_CHECKPOINTS"
-CACHE_ENV = "SPECJAX_CACHE"
+from specjax import settings
+
 CONFIG_NAME = "config.json"
 DRAFTER_KEY = "specjax_drafter"        # the config.json field naming a drafter artifact's method
 
@@ -47,7 +47,7 @@ def installed_gguf(name: str) -> str:
 def shipped_dir() -> str | None:
     """The first existing directory of shipped checkpoints (see the module docstring), or None."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for d in (os.environ.get(SHIPPED_ENV), os.path.join(here, "checkpoints"),
+    for d in (settings.checkpoints_dir(), os.path.join(here, "checkpoints"),
               os.path.join(sys.prefix, "share", "specjax", "checkpoints")):
         if d and os.path.isdir(d):
             return d
@@ -56,8 +56,7 @@ def shipped_dir() -> str | None:
 
 def cache_dir() -> str:
     """The user cache for converted models (created on first use)."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specjax")
+    base = settings.cache_dir()
     os.makedirs(base, exist_ok=True)
     return base
 

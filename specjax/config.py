@@ -1,24 +1,34 @@
-"""SpecConfig: what to run, with vLLM-style names, validated on construction."""
+"""SpecConfig: what to run, with vLLM-style names.
+
+Construction checks everything that holds whatever the method: types and ranges (k, sampling, max_new_tokens, the
+prompt lookup range, the attention implementation, the acceptance rule, the policy's fields), the structure of a
+token tree, and that the method is a non-empty name. What depends on the method -- is it registered, which fields
+and drafter_options it reads, can it draft trees, k derived from its options, its default verify_widths, its own
+checks, the per-batch configs of a draft_len_schedule -- is specjax.drafters.registry.resolve(config)'s, which
+returns the config completed for its method; generate() and prepare() resolve theirs before anything else, so a
+bad config fails there at the latest, with the same message. This module knows no drafter: it sits below them.
+"""
 from __future__ import annotations
 
 import dataclasses
 
 from typing import Any, Mapping
 
-from specjax.drafters import registry
 from specjax.sampling import SamplingParams, validate_sampling
 from specjax.tree_search import max_dynamic_nodes
 from specjax.trees import TreeSpec, draft_depth
 
 MAX_SPECULATIVE_TOKENS = 64                        # drafted tokens per step (tree nodes besides the root)
 ACCEPTANCE_RATE_WINDOW = 16                        # speculative steps the acceptance switch averages by default
+PLAIN_METHOD = "none"                              # plain decoding: k = 0, no drafter
 
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
-    method: str = "none"
+    method: str = PLAIN_METHOD
     num_speculative_tokens: int | None = None       # k; required for every method but "none" and those whose
-                                                    # options fix it (derived then; DrafterSpec.derive_k)
+                                                    # options fix it (derived then by registry.resolve;
+                                                    # DrafterSpec.derive_k)
     prompt_lookup_min: int | None = None           # ngram / predicted: vLLM defaults (5, each copies the other)
     prompt_lookup_max: int | None = None
     temperature: float = 0.0
@@ -42,7 +52,8 @@ class SpecConfig:
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     # Settings of one drafter beyond the shared fields, e.g. {"posterior_threshold": 0.09}; each drafter declares
-    # the names, defaults and allowed values it takes (specjax.drafters.registry). Stored as sorted items.
+    # the names, defaults and allowed values it takes (specjax.drafters.registry). Stored as sorted items; a
+    # resolved config (registry.resolve) holds every option its method declares, defaults filled in.
     drafter_options: Any = None
     # The dynamic speculation policy (TensorRT-LLM's names and rules). draft_len_schedule {max batch size: k}: a
     # batch of B requests drafts the k of the smallest key >= B, and none past the largest key (speculation off:
@@ -68,23 +79,28 @@ class SpecConfig:
     # width are filler and are not verified; the output is unchanged (greedy) or keeps the target's distribution
     # (sampled: the width is fixed before the drafts it cuts are drawn). Each row is verified at its own width
     # inside a pass a batch mate made wider, so a request's output does not depend on its batch. Each width is
-    # one more compiled copy of the step. None: the method's default (suffix decoding: the powers of two below k;
-    # others k only); (): k only.
+    # one more compiled copy of the step. None: the method's default, filled in by registry.resolve (suffix
+    # decoding: the powers of two below k; others k only); (): k only.
     verify_widths: tuple | None = None
 
     def __post_init__(self):
-        spec = registry.get(self.method)
-        self._validate_fields(spec)
+        """The checks that hold whatever the method (the method's own: specjax.drafters.registry.resolve). The
+        k-dependent ones (verify_widths, draft_len_schedule) run once k is known: given, a tree's, or derived by
+        resolve, whose completed config is built through here again."""
+        if not isinstance(self.method, str) or not self.method:
+            raise ValueError(f"method must be the name of a speculative method (a non-empty string: "
+                             f"specjax.drafters.registry.methods()), got {self.method!r}")
+        self._normalise_options()
         self._validate_tree()
         k = self.num_speculative_tokens
         if self.is_tree:
             if k is not None and k != self.k:
                 raise ValueError(f"num_speculative_tokens={k} disagrees with the tree, which drafts {self.k} "
                                  "tokens per step; leave num_speculative_tokens unset for trees")
-        elif not spec.speculates:
+        elif self.method == PLAIN_METHOD:
             if k not in (None, 0):
                 raise ValueError(f"method='none' takes no num_speculative_tokens (got {k})")
-        elif k is not None or spec.derive_k is None:
+        elif k is not None:
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
                 raise ValueError(f"num_speculative_tokens (k) must be an int in [1, {MAX_SPECULATIVE_TOKENS}] "
                                  f"for method={self.method!r}, got {k!r}")
@@ -108,57 +124,37 @@ class SpecConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {v!r}")
-        if self.acceptance_method == "typical_lossy" and not spec.speculates:
-            raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
-        if spec.validate is not None:
-            spec.validate(self)
-        if spec.derive_k is not None:
-            self._validate_derived_k(spec)
         self._validate_policy()
 
-    def _validate_derived_k(self, spec: registry.DrafterSpec) -> None:
-        """A method whose options fix k: a given num_speculative_tokens must be that k (unset, it is derived)."""
-        derived, k = spec.derive_k(self), self.num_speculative_tokens
-        if not 1 <= derived <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"method={self.method!r}: its drafter_options fix k = {derived} tokens per step, "
-                             f"outside [1, {MAX_SPECULATIVE_TOKENS}]")
-        if k is not None and k != derived:
-            raise ValueError(f"num_speculative_tokens={k} disagrees with k = {derived}, fixed by the "
-                             f"drafter_options of method={self.method!r}; leave num_speculative_tokens unset (it "
-                             f"is derived) or set it to {derived}")
-
-    def _validate_fields(self, spec: registry.DrafterSpec) -> None:
-        """A field the method does not read would be silently ignored: refuse it. Options are checked against
-        the drafter's declaration and stored as sorted items (the config is a static jit argument)."""
-        for f in dataclasses.fields(self):
-            if f.name in spec.fields or f.name in registry.TREE_FIELDS:     # trees get their own message
-                continue
-            if getattr(self, f.name) != f.default:
-                own = spec.reads + (registry.TREE_FIELDS if spec.trees else ())
-                raise ValueError(f"{f.name} is not used by method={self.method!r} (it reads "
-                                 f"{', '.join(own) or 'only the common fields'}); "
-                                 f"remove it or pick a method that reads it")
+    def _normalise_options(self) -> None:
+        """drafter_options as sorted (name, value) items, lists made tuples: the config is a static argument of
+        the compiled loop, so it must hash. Which names and values a method takes: registry.resolve."""
         opts = self.drafter_options
         if opts is None:
             opts = {}
         elif isinstance(opts, tuple):
-            opts = dict(opts)
+            try:
+                opts = dict(opts)
+            except (TypeError, ValueError):
+                pass                                        # refused just below
         if not isinstance(opts, Mapping):
             raise TypeError(f"drafter_options must be a dict of option name -> value, got {type(opts).__name__}")
-        for name, value in opts.items():
-            if name not in spec.options:
-                raise ValueError(f"method={self.method!r} has no option {name!r}; its options are "
-                                 f"{sorted(spec.options) or 'none'}")
-            opt = spec.options[name]
-            try:
-                ok = opt.check(value)
-            except Exception:                               # a malformed value fails the check, not the caller
-                ok = False
-            if not ok:
-                raise ValueError(f"drafter option {name}={value!r} for method={self.method!r}: {opt.help}")
-        # Lists become tuples: the config is a static argument of the compiled loop, so it must hash.
+        for name in opts:
+            if not isinstance(name, str):
+                raise TypeError(f"drafter_options names must be strings, got {name!r}")
         opts = {name: tuple(v) if isinstance(v, list) else v for name, v in opts.items()}
         object.__setattr__(self, "drafter_options", tuple(sorted(opts.items())) or None)
+
+    def _known_k(self) -> int | None:
+        """k where the config itself tells it (a tree, num_speculative_tokens, method 'none'); None where only the
+        method's options do (registry.resolve derives it)."""
+        if self.tree_choices is not None:
+            return len(self.tree_choices)
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens - 1
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        return 0 if self.method == PLAIN_METHOD else None
 
     def _validate_policy(self) -> None:
         c = self.draft_confidence_threshold
@@ -167,14 +163,15 @@ class SpecConfig:
                 raise ValueError(f"draft_confidence_threshold must be in (0, 1] (a probability), got {c!r}")
             if self.is_tree:
                 raise ValueError("draft_confidence_threshold applies to chains; a tree verifies all its nodes")
+        k = self._known_k() or None         # 0 (method 'none'): the method reads neither field (resolve says so)
         widths = self.verify_widths
-        if widths is None and self.k and registry.get(self.method).verify_widths is not None:
-            widths = registry.get(self.method).verify_widths(self.k)       # the method's default
         if widths is not None:
             if not isinstance(widths, (list, tuple)) or not all(
-                    isinstance(w, int) and not isinstance(w, bool) and 1 <= w < self.k for w in widths):
-                raise ValueError(f"verify_widths must be draft counts in [1, k) = [1, {self.k}) (k itself is always "
-                                 f"one), got {widths!r}")
+                    isinstance(w, int) and not isinstance(w, bool) and 1 <= w and (k is None or w < k)
+                    for w in widths):
+                bound = f"[1, k) = [1, {k})" if k is not None else "[1, k)"
+                raise ValueError(f"verify_widths must be draft counts in {bound} (k itself is always one), got "
+                                 f"{widths!r}")
             if self.is_tree:
                 raise ValueError("verify_widths applies to chains and drafters' own trees; a configured tree verifies "
                                  "all its nodes")
@@ -197,24 +194,22 @@ class SpecConfig:
             raise ValueError(f"draft_len_schedule must be a non-empty dict {{max batch size: k}} of ints, "
                              f"got {schedule!r}")
         items = tuple(sorted((b, k) for b, k in pairs))
-        for b, k in items:
+        for b, bk in items:
             if b < 1:
                 raise ValueError(f"draft_len_schedule: batch size {b} must be >= 1")
-            allowed = (0, self.k) if self.is_tree else range(self.k + 1)
-            if k not in allowed:
-                raise ValueError(f"draft_len_schedule: k={k} for batches up to {b} must be "
-                                 + (f"0 or the tree's {self.k} drafted tokens (a tree cannot be cut)" if self.is_tree
-                                    else f"in [0, num_speculative_tokens={self.k}]"))
+            if k is None:                   # derived by registry.resolve, which checks the schedule against it
+                continue
+            allowed = (0, k) if self.is_tree else range(k + 1)
+            if bk not in allowed:
+                raise ValueError(f"draft_len_schedule: k={bk} for batches up to {b} must be "
+                                 + (f"0 or the tree's {k} drafted tokens (a tree cannot be cut)" if self.is_tree
+                                    else f"in [0, num_speculative_tokens={k}]"))
         object.__setattr__(self, "draft_len_schedule", items)       # hashable: the config is a static jit arg
-        for b, _ in items:                  # every scheduled k must make a valid config for this method
-            try:
-                self.for_batch(b)
-            except ValueError as e:
-                raise ValueError(f"draft_len_schedule: the config for batches up to {b}: {e}") from None
 
     def for_batch(self, batch_size: int) -> "SpecConfig":
         """The config a batch of `batch_size` requests runs: draft_len_schedule resolved to its k (0: plain
-        decoding, method 'none'), the schedule itself dropped. Without a schedule, this config."""
+        decoding, method 'none'), the schedule itself dropped. Without a schedule, this config. Of a resolved
+        config, a resolved config (registry.resolve checks each scheduled one)."""
         if self.draft_len_schedule is None:
             return self
         k = next((k for b, k in self.draft_len_schedule if batch_size <= b), 0)
@@ -228,19 +223,20 @@ class SpecConfig:
         return dataclasses.replace(self, num_speculative_tokens=k, draft_len_schedule=None, verify_widths=narrower)
 
     def option(self, name: str) -> Any:
-        """The value of one of the method's drafter_options, or its declared default."""
-        spec = registry.get(self.method)
-        if name not in spec.options:
-            raise KeyError(f"method={self.method!r} declares no option {name!r}")
-        return dict(self.drafter_options or ()).get(name, spec.options[name].default)
+        """The value of one of the method's drafter_options. A resolved config (specjax.drafters.registry.resolve,
+        which generate() and prepare() apply) holds every option its method declares, defaults filled in."""
+        opts = dict(self.drafter_options or ())
+        if name not in opts:
+            raise KeyError(f"method={self.method!r}: this config holds no drafter option {name!r}; resolve it "
+                           "first (specjax.drafters.registry.resolve(config) fills in every option the method "
+                           "declares, with its default, and refuses one it does not declare)")
+        return opts[name]
 
     def _validate_tree(self) -> None:
+        """The tree's structure (whether the method drafts trees: registry.resolve)."""
         dynamic = {"num_steps": self.num_steps, "topk": self.topk, "num_draft_tokens": self.num_draft_tokens}
         if self.tree_choices is None and all(v is None for v in dynamic.values()):
             return
-        if not registry.get(self.method).trees:
-            raise ValueError(f"method={self.method!r} cannot draft token trees; methods that can: "
-                             f"{registry.tree_methods()}")
         if self.tree_choices is not None:
             if any(v is not None for v in dynamic.values()):
                 raise ValueError("give either tree_choices (a static tree) or num_steps/topk/num_draft_tokens "
@@ -274,16 +270,15 @@ class SpecConfig:
 
     @property
     def k(self) -> int:
-        """Drafted tokens per step: the chain length, or the tree's nodes besides the root; for a method whose
-        options fix it (DrafterSpec.derive_k) and num_speculative_tokens unset, the derived k."""
-        if self.tree_choices is not None:
-            return len(self.tree_choices)
-        if self.num_draft_tokens is not None:
-            return self.num_draft_tokens - 1
-        if self.num_speculative_tokens is not None:
-            return self.num_speculative_tokens
-        derive = registry.get(self.method).derive_k
-        return 0 if derive is None else derive(self)
+        """Drafted tokens per step: the tree's nodes besides the root, num_speculative_tokens, or 0 for method
+        'none'. A method whose options fix k (DrafterSpec.derive_k) has it once resolved (registry.resolve fills
+        num_speculative_tokens in); asked before, this is an error."""
+        k = self._known_k()
+        if k is None:
+            raise ValueError(f"method={self.method!r}: num_speculative_tokens is unset, so k is the method's to "
+                             "derive from its drafter_options: resolve the config first "
+                             "(specjax.drafters.registry.resolve(config); generate() and prepare() do)")
+        return k
 
     @property
     def draft_depth(self) -> int:

@@ -101,16 +101,6 @@ PREFILL, DRAFTER_INIT = "prefill", "drafter_init"
 PROGRAM_PARTS = (PREFILL, DRAFTER_INIT) + STEP_PARTS
 
 
-def round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def buffer_length(prompt_width: int, max_new_tokens: int, num_speculative_tokens: int) -> int:
-    """The token/KV buffer generate() allocates for prompts padded to prompt_width: every new token plus the k + 1
-    slots of a verify pass, rounded up to 16."""
-    return round_up(prompt_width + max_new_tokens + num_speculative_tokens + 1, 16)
-
-
 def target_exposure(drafter: Drafter, target_params: dict,
                     vocab_size: int | None = None) -> tuple[tuple[int, ...], dict]:
     """What a drafter declared it reads of the target: (layer indices requested from every target forward,
@@ -123,22 +113,6 @@ def target_exposure(drafter: Drafter, target_params: dict,
 def shares_target_cache(drafter: Drafter) -> bool:
     """Whether the drafter's propose reads and writes the target's cache (specjax.drafters.base)."""
     return bool(getattr(drafter, "shares_target_cache", False))
-
-
-# What a group's own cache costs the decode loop per step (gathers and an attention call of its own in every
-# layer), counted as the (row, slot) pairs an attention pass over one buffer reads in the same time on a CPU. A
-# heuristic: a ragged batch whose groups spare fewer pairs than this per extra group keeps one buffer.
-GROUP_CACHE_COST_SLOTS = 320
-
-
-def group_cache_sizes(groups: tuple[tuple[int, int], ...], buffer_len: int, max_new_tokens: int,
-                      num_speculative_tokens: int) -> tuple[int, ...] | None:
-    """The slots of each prefill group's own cache in the decode loop (the buffer_length of its width, at most
-    buffer_len), or None when one buffer of buffer_len slots serves the batch: a single group, or groups that
-    together spare fewer (row, slot) pairs than GROUP_CACHE_COST_SLOTS per extra group."""
-    sizes = tuple(min(buffer_len, buffer_length(width, max_new_tokens, num_speculative_tokens)) for _, width in groups)
-    spared = sum(rows * (buffer_len - size) for (rows, _), size in zip(groups, sizes))
-    return sizes if len(groups) > 1 and spared >= GROUP_CACHE_COST_SLOTS * (len(groups) - 1) else None
 
 
 def prefill_forward(params: dict, cfg: ModelConfig, prompts: jax.Array, prompt_lengths: jax.Array,

@@ -1,5 +1,5 @@
-"""Requests in: prompts (strings, token ids or chat message lists) -> checked token ids, right-padded arrays, the
-padded prompt width (prompt buckets) and the prefill plan (rows grouped by prompt length)."""
+"""Requests in: prompts (strings, token ids or chat message lists) -> checked token ids and right-padded arrays
+(specjax.planning plans their widths, buffers and prefill)."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +9,6 @@ import numpy as np
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from specjax.decode import round_up
 from specjax.models.model import Model
 
 
@@ -48,6 +47,25 @@ def render_chat(model: Model, messages: Sequence[dict], add_generation_prompt: b
         raise ValueError(f"model {model.name!r}'s chat template refused the messages: {e}") from None
 
 
+def _token_id(t: Any) -> int | None:
+    """An int (Python, NumPy or a 0-d integer array) as a token id; None for anything else (a string, a float, a
+    bool...)."""
+    if isinstance(t, (bool, np.bool_)):
+        return None
+    if isinstance(t, (int, np.integer)):
+        return int(t)
+    dtype = getattr(t, "dtype", None)
+    if dtype is not None and getattr(t, "shape", None) == () and np.issubdtype(dtype, np.integer):
+        return int(t)
+    return None
+
+
+def _token_ids(p: Any) -> list[int] | None:
+    """A sequence of token ids -> ints; None when any entry is not one."""
+    ids = [_token_id(t) for t in p]
+    return None if any(t is None for t in ids) else ids
+
+
 def encode_all(model: Model, items, what: str) -> list[list[int]]:
     """Strings, token-id lists or chats (message lists), one per request -> token-id lists, checked against the
     model's vocabulary."""
@@ -65,7 +83,13 @@ def encode_all(model: Model, items, what: str) -> list[list[int]]:
                             f"{type(p).__name__}")
         if is_chat(p):
             p = render_chat(model, p)
-        ids = model.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
+        p = p if isinstance(p, str) else list(p)
+        ids = model.tokenize(p) if isinstance(p, str) else _token_ids(p)
+        if ids is None:
+            bad = next(t for t in p if _token_id(t) is None)
+            raise ValueError(f"{what} {i} holds {type(bad).__name__} {bad!r:.40}: a {what} is a string, a list of "
+                             "token ids (ints) or a list of chat messages ({'role': ..., 'content': ...} dicts); "
+                             "for several strings, pass each as a prompt of its own or join them")
         if not ids:
             raise ValueError(f"{what} {i} is empty (0 tokens); every request needs at least one token")
         bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
@@ -81,38 +105,3 @@ def right_pad(rows: list[list[int]], width: int) -> np.ndarray:
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out
-
-
-def prompt_bucket(n: int) -> int:
-    """A padded prompt width for an n-token prompt: at least 16, rounded up to a quarter of its octave (at most
-    25% padding; a power-of-two bucket wasted up to half, 512 slots for a 319-token prompt), so recompiles stay
-    logarithmic in the prompt length."""
-    if n <= 16:
-        return 16
-    return round_up(n, 1 << ((n - 1).bit_length() - 3))
-
-
-def plan_prefill(lengths: Sequence[int], width: int, max_groups: int) -> tuple[np.ndarray, tuple]:
-    """Rows sorted by prompt length and cut into at most max_groups groups of consecutive sorted rows, each
-    prefilled at its own padded width (prompt_bucket of its longest; `width` for the last) so as to minimise the
-    padded prompt tokens -> (order [B] int32: the rows' indices in sorted order, ((num_rows, width), ...))."""
-    order = np.argsort(np.asarray(lengths), kind="stable").astype(np.int32)
-    sl = [int(lengths[i]) for i in order]
-    B = len(sl)
-    # A group can end only where the bucket grows, or at the last row: O(max_groups * ends^2) on a few buckets.
-    ends = [j for j in range(B - 1) if prompt_bucket(sl[j]) < prompt_bucket(sl[j + 1])] + [B - 1]
-    w_at = lambda j: width if j == B - 1 else min(prompt_bucket(sl[j]), width)
-    # best[g][e]: (padded tokens, cuts) of rows 0..ends[e] in g + 1 groups, the last ending at ends[e].
-    best = [[((ends[e] + 1) * w_at(ends[e]), (ends[e],)) for e in range(len(ends))]]
-    for _ in range(1, max(max_groups, 1)):
-        prev, row = best[-1], []
-        for e in range(len(ends)):
-            options = [prev[e]] + [(prev[d][0] + (ends[e] - ends[d]) * w_at(ends[e]), prev[d][1] + (ends[e],))
-                                   for d in range(e)]
-            row.append(min(options))
-        best.append(row)
-    cuts, start, groups = best[-1][-1][1], 0, []
-    for end in cuts:
-        groups.append((end + 1 - start, w_at(end)))
-        start = end + 1
-    return order, tuple(groups)

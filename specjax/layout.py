@@ -30,16 +30,39 @@ this for Llama-3.1-8B, Qwen2.5-7B and Llama-3.1-70B on 8 and 16 devices.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-if TYPE_CHECKING:   # type hints only: the arithmetic reads the config's fields and never builds one
+if TYPE_CHECKING:   # type hints only
     from jax.sharding import Mesh
-    from specjax.models.config import ModelConfig
+
+
+class ModelShape(Protocol):
+    """What the layout arithmetic reads of a model's config (specjax.models.config.ModelConfig has it all): the
+    layout never builds a config, and naming the class here would put this module above the models, which sit
+    above it (their caches are laid out by it)."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def attention_bias(self) -> bool: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
 AXES = ("data", "model")
 
@@ -94,14 +117,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def working_model_axes(cfg: ModelConfig, devices: int | None = None) -> list[int]:
+def working_model_axes(cfg: ModelShape, devices: int | None = None) -> list[int]:
     """Model-axis sizes that can split `cfg` (those dividing num_heads and intermediate_size; the vocabulary is
     padded and kv heads replicated as needed), restricted to divisors of `devices` when given."""
     sizes = [m for m in _divisors(cfg.num_heads) if cfg.intermediate_size % m == 0]
     return [m for m in sizes if devices is None or devices % m == 0]
 
 
-def plan_layout(cfg: ModelConfig, model: int, *, what: str = "model", strict: bool = True,
+def plan_layout(cfg: ModelShape, model: int, *, what: str = "model", strict: bool = True,
                 devices: int | None = None) -> Layout:
     """The Layout of `cfg` on a model axis of size `model`. strict (a target): raise ValueError naming the
     dimension and the meshes that would work when query heads or the MLP cannot be split evenly. Not strict
@@ -132,7 +155,7 @@ def layout_axis(key: str) -> int | None:
     return _VOCAB_AXIS.get(key, _KV_AXIS.get(key))
 
 
-def layout_index(key: str, n: int, cfg: ModelConfig, lay: Layout) -> tuple[int, np.ndarray] | None:
+def layout_index(key: str, n: int, cfg: ModelShape, lay: Layout) -> tuple[int, np.ndarray] | None:
     """For the leaf `key` holding n entries along the axis the layout changes: (that axis, the source index of
     every placed entry, -1 for a zero pad row). None when the leaf is placed as it is (also when it already is
     in this layout, so placing twice is a no-op)."""
@@ -169,7 +192,7 @@ def _key(path) -> str | None:
     return next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)
 
 
-def apply_layout(params: Any, cfg: ModelConfig, lay: Layout) -> Any:
+def apply_layout(params: Any, cfg: ModelShape, lay: Layout) -> Any:
     """params (a Llama pytree, numpy or jax leaves) as `lay` places them: vocabulary padded, kv heads repeated.
     Leaves the layout does not change are returned as they are (no copy)."""
     def one(path, x):
@@ -180,7 +203,7 @@ def apply_layout(params: Any, cfg: ModelConfig, lay: Layout) -> Any:
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def logical_params(params: Any, cfg: ModelConfig) -> Any:
+def logical_params(params: Any, cfg: ModelShape) -> Any:
     """The inverse of apply_layout: vocabulary padding cut off, one copy of each kv head; what cfg describes
     (save_pretrained writes a model placed under a mesh through it)."""
     D, Hkv = cfg.head_dim, cfg.num_kv_heads
@@ -197,7 +220,7 @@ def logical_params(params: Any, cfg: ModelConfig) -> Any:
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def validate_mesh(cfg: ModelConfig, mesh: Mesh, batch: int | None = None, what: str = "model") -> Layout:
+def validate_mesh(cfg: ModelShape, mesh: Mesh, batch: int | None = None, what: str = "model") -> Layout:
     """-> the Layout of `cfg` on this mesh; raise ValueError naming the dimension (and meshes that would work)
     when the mesh cannot shard this model, or this batch."""
     if tuple(mesh.axis_names) != AXES:
@@ -221,7 +244,7 @@ def leaf_spec(key: str) -> P:
     return _LEAF_SPECS[key]
 
 
-def param_specs(cfg: ModelConfig, params: Any, mesh: Mesh | None = None) -> Any:
+def param_specs(cfg: ModelShape, params: Any, mesh: Mesh | None = None) -> Any:
     """PartitionSpec pytree matching `params`. With `mesh`, dims the mesh axis does not divide are replicated
     (used for small draft models, e.g. 1 kv head on 8 devices); the target is checked by validate_mesh."""
     del cfg  # the layout depends only on the leaf names; cfg is taken for symmetry with validate_mesh
@@ -257,7 +280,7 @@ class DeviceMemory(NamedTuple):
     kv_per_token_replication: int  # of which: the extra kv-head copies
 
 
-def memory_per_device(cfg: ModelConfig, data: int, model: int, *, dtype_bytes: int = 2,
+def memory_per_device(cfg: ModelShape, data: int, model: int, *, dtype_bytes: int = 2,
                       strict: bool = True) -> DeviceMemory:
     """Per-device parameter and KV-cache bytes of `cfg` on a (data, model) mesh (raises like validate_mesh
     when strict and the mesh cannot split the model). A request's cache lives on the `model` devices of its

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 # The index of the largest logit, the first on ties (a NaN counts as the largest, as in jnp.argmax): a kernel on a
 # CPU, the reference's two reductions elsewhere.
-from cpu_kernels.greedy_token import greedy_token
+from specjax.ops import greedy_token
 
 
 @dataclasses.dataclass(frozen=True)

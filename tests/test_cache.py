@@ -116,7 +116,8 @@ def test_grouped_cache_keeps_rows_apart():
 def test_cache_write_kernel_is_the_scatter_bit_for_bit_with_its_gradients(keys_transposed):
     """cpu_kernels.cache_write's kernel against its reference (the scatter) at ragged starts, one clamped at the end,
     T = 1 to the whole buffer; gradients through it are the reference's. A planted bug (one slot off) is seen."""
-    from cpu_kernels.cache_write import write_kv, write_kv_cpu, write_kv_reference
+    from cpu_kernels.cache_write import write_kv_cpu
+    from specjax.ops import write_kv, write_kv_reference
     if jax.default_backend() != "cpu":
         pytest.skip("a CPU kernel")
     rng = np.random.default_rng(0)

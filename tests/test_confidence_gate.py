@@ -15,6 +15,7 @@ import specjax
 import specjax.drafters.draft_model as draft_model
 import specjax.verify as verify
 from specjax import SpecConfig
+from specjax.drafters import registry
 from specjax.drafters.base import Context, chain_scan
 from conformance_factories import FACTORIES, N_SAMPLES, Case, run, sampled_pvalue, with_planted_bug
 from test_conformance import sampled_run
@@ -109,7 +110,7 @@ def test_bad_settings_are_refused(target):
     with pytest.raises(ValueError, match="applies to chains"):
         SpecConfig(method="draft_model", num_steps=2, topk=2, num_draft_tokens=4, draft_confidence_threshold=0.5)
     with pytest.raises(ValueError, match="draft_confidence_threshold is not used by method='none'"):
-        SpecConfig(draft_confidence_threshold=0.5)
+        registry.resolve(SpecConfig(draft_confidence_threshold=0.5))
     with pytest.raises(ValueError, match="method='ngram' does not report the confidence"):
         specjax.generate(target, prompts, SpecConfig(method="ngram", num_speculative_tokens=3, max_new_tokens=4,
                                                      draft_confidence_threshold=0.5))

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from cpu_kernels import build
-from cpu_kernels.rms_norm import rms_norm, rms_norm_cpu, rms_norm_reference
-from cpu_kernels.rope import rope, rope_cpu, rope_qkv, rope_qkv_cpu, rope_qkv_reference, rope_reference
-from cpu_kernels.swiglu import swiglu, swiglu_cpu, swiglu_reference
-from cpu_kernels.verify_attention import applies, attention, verify_attention_cpu
-from pallas_kernels.verify_attention.reference import verify_attention_reference
+from cpu_kernels.rms_norm import rms_norm_cpu
+from cpu_kernels.rope import rope_cpu, rope_qkv_cpu
+from cpu_kernels.swiglu import swiglu_cpu
+from cpu_kernels.verify_attention import applies, verify_attention_cpu
+from specjax import settings
+from specjax.ops import (attention, rms_norm, rms_norm_reference, rope, rope_qkv, rope_qkv_reference, rope_reference,
+                         swiglu, swiglu_reference, verify_attention_reference)
 from specjax.cache import KVCache
 from specjax.models import Model
 from specjax.models.config import ModelConfig
@@ -104,7 +106,7 @@ def test_the_bitwise_check_sees_an_order_change():
     assert not np.array_equal(swapped, out)
 
 
-def test_dispatch_gradients_and_bad_input(monkeypatch):
+def test_dispatch_gradients_and_bad_input():
     q, k, v, lengths = make_inputs(2, 3, 20, 4, 2, 16, jnp.float32, [9, 20])
     k, v = jnp.nan_to_num(k), jnp.nan_to_num(v)
     ref = lambda q, k, v, lengths: verify_attention_reference(q, k, v, lengths, keys_transposed=True)
@@ -116,9 +118,9 @@ def test_dispatch_gradients_and_bad_input(monkeypatch):
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert applies(jnp.float32, keys_transposed=False) is not None
     assert applies(jnp.bfloat16, keys_transposed=True) is not None
-    monkeypatch.setenv("SPECJAX_VERIFY_ATTENTION_KERNEL", "0")
-    assert "turned off" in applies(jnp.float32, keys_transposed=True)
-    monkeypatch.delenv("SPECJAX_VERIFY_ATTENTION_KERNEL")
+    with settings.use_backends(attention="xla"):             # the definition, exactly
+        off = jax.jit(lambda q, k, v, lengths: attention(q, k, v, lengths, keys_transposed=True))
+        np.testing.assert_array_equal(off(q, transposed(k), v, lengths), jax.jit(ref)(q, transposed(k), v, lengths))
     with pytest.raises(ValueError, match=r"k_cache \[B, Hkv, D, S\]"):
         verify_attention_cpu(q, k, v, lengths)                  # keys not slots-last
     with pytest.raises(ValueError, match="multiple"):

@@ -5,8 +5,8 @@ import re
 import jax.numpy as jnp
 
 import specjax
-from pallas_kernels.verify_attention.reference import FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES
-from specjax import SpecConfig
+from specjax import SpecConfig, settings
+from specjax.ops.attention import FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES
 from specjax.decode import decode_loop
 from tiny import BASELINE_MAX_NEW, ragged_prompts
 
@@ -46,13 +46,17 @@ def attention_rows(prepared: specjax.Prepared) -> tuple[set, set]:
     return dots, fused
 
 
-def test_fused_attention_formulation_keeps_greedy_output(target, near_draft, baselines, monkeypatch):
+def test_fused_attention_formulation_keeps_greedy_output(target, near_draft, baselines):
     """XLA's attention (the CPU verify-attention kernel turned off, as where no compiler builds it): a buffer large
     enough (K and V of a layer >= FUSED_MIN_KV_BYTES) that on a CPU it takes its fused loops for decode steps and
     verify passes (asserted on the lowered program: the steps' few query rows attend through the fused products,
     only the prefill's many rows through matmuls): plain and speculative output are still the small-buffer
     baseline, token for token."""
-    monkeypatch.setenv("SPECJAX_VERIFY_ATTENTION_KERNEL", "0")
+    with settings.use_backends(attention="xla"):
+        _fused_attention_keeps_greedy_output(target, near_draft, baselines)
+
+
+def _fused_attention_keeps_greedy_output(target, near_draft, baselines):
     cfg = target.config
     group = cfg.num_heads // cfg.num_kv_heads                   # query rows per kv head and position
     buffer_len = -(-FUSED_MIN_KV_BYTES // (2 * 8 * cfg.num_kv_heads * cfg.head_dim * 4) // 64) * 64

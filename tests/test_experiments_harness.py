@@ -12,7 +12,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from specjax import SpecConfig, api
+from specjax import SpecConfig, api, settings
 from specjax.decode import PROGRAM_PARTS
 from specjax.models.model import Model
 from experiments import costs, forward_profile, harness, prompts, tables
@@ -90,15 +90,14 @@ def test_forward_cost_on_the_weights_dtype_and_attention_path(target):
         costs.forward_seconds(target, 8, 2, reps=1, inner=1, implementation="cuda")
 
 
-def test_forward_cost_programs_follow_the_kernel_switches(target, monkeypatch):
-    """The compiled forward loop is shared by measurements of one shape, but a SPECJAX_* switch (read when a
-    forward is traced: experiments.forward_profile measures both paths in one process) compiles its own."""
-    monkeypatch.delenv("SPECJAX_SMALL_M_MATMUL", raising=False)
+def test_forward_cost_programs_follow_the_backend_choices(target):
+    """The compiled forward loop is shared by measurements of one shape, but another backend choice (in force when
+    a forward is traced: experiments.forward_profile measures both paths in one process) compiles its own."""
     kernel_fn = costs.looped_forward(target, 8, 2)[0]
-    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
-    xla_fn = costs.looped_forward(target, 8, 2)[0]
+    with settings.use_backends(linear="xla"):
+        xla_fn = costs.looped_forward(target, 8, 2)[0]
+        assert costs.looped_forward(target, 8, 2)[0].keywords == xla_fn.keywords
     assert kernel_fn.keywords["switches"] != xla_fn.keywords["switches"]
-    assert costs.looped_forward(target, 8, 2)[0].keywords == xla_fn.keywords
 
 
 def test_forward_costs_side_by_side(target, monkeypatch):

@@ -361,7 +361,7 @@ def test_gguf_blocks_compute_exactly_the_float32_model(q4_1_gguf):
     and speculative, are the float32 model's bit for bit."""
     import specjax
     from cpu_kernels import build
-    from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
+    from specjax.models.weights import Q4_1Matrix, Q8_0Matrix
     path = q4_1_gguf
     dense = load_model(path)
     blocks = load_model(path, weight_format="gguf")
@@ -393,7 +393,7 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(q4_1_gguf, tmp
     one-position step and a verify pass, which quantizing activations can amplify; the README says so)."""
     import specjax
     from cpu_kernels import build
-    from cpu_kernels.small_m_matmul import Q4_1Int8Matrix, Q8_0Int8Matrix
+    from specjax.models.weights import Q4_1Int8Matrix, Q8_0Int8Matrix
     if build.load() is None:
         pytest.skip("no C++ compiler: the quantized kernels cannot be built here")
     path = q4_1_gguf

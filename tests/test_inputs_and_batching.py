@@ -9,8 +9,10 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from specjax.inputs import plan_prefill, prompt_bucket, right_pad
-from specjax.decode import GROUP_CACHE_COST_SLOTS, group_cache_sizes, prefill_forward, round_up
+from specjax.drafters import registry
+from specjax.inputs import right_pad
+from specjax.decode import prefill_forward
+from specjax.planning import GROUP_CACHE_COST_SLOTS, group_cache_sizes, plan_prefill, prompt_bucket, round_up
 from tiny import ragged_prompts, tiny_model
 
 
@@ -86,7 +88,7 @@ def test_grouped_prefill_equals_one_padded_prefill(target):
 def test_prefill_groups_do_not_change_the_output(target, draft, method, k, extra, monkeypatch):
     """Grouped prefills and each group's own KV cache in the loop against one, sampled at temperature 1, with
     trees (their compaction), hidden states read by a drafter's init and a per-request drafter argument."""
-    monkeypatch.setattr("specjax.decode.GROUP_CACHE_COST_SLOTS", 0)          # a tiny batch gets its own caches too
+    monkeypatch.setattr("specjax.planning.GROUP_CACHE_COST_SLOTS", 0)          # a tiny batch gets its own caches too
     prompts = ragged_prompts(6, seed=12) + [list(range(1, 45))]
     cfg = SpecConfig(method=method, num_speculative_tokens=k, max_new_tokens=16, temperature=1.0, **extra)
     drafter = {"draft_model": draft, "predicted": [p[::-1] for p in prompts]}.get(method)
@@ -130,8 +132,10 @@ def test_bad_prefill_groups(target):
     (dict(method="ngram", num_speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2), "prompt_lookup"),
 ])
 def test_bad_config(kwargs, match):
+    """Refused by SpecConfig (what holds whatever the method) or by registry.resolve (what depends on it), which
+    generate() runs first."""
     with pytest.raises(ValueError, match=match):
-        SpecConfig(**kwargs)
+        registry.resolve(SpecConfig(**kwargs))
 
 
 def test_vocabulary_mismatch(target):
@@ -162,6 +166,22 @@ def test_prompt_longer_than_cache(target):
 def test_single_prompt_not_in_a_list(target):
     with pytest.raises(TypeError, match="one entry per request"):
         specjax.generate(target, [1, 2, 3], SpecConfig())
+
+
+def test_a_prompt_that_is_neither_text_ids_nor_chat_is_named(target):
+    """A list of plain strings is neither token ids nor chat messages: the error names the prompt and says what a
+    prompt may be (not int()'s "invalid literal")."""
+    what = (r"prompt 1 holds str 'hello': a prompt is a string, a list of token ids \(ints\) or a list of chat "
+            r"messages \(\{'role': \.\.\., 'content': \.\.\.\} dicts\)")
+    with pytest.raises(ValueError, match=what):
+        specjax.generate(target, [[1, 2], ["hello", "world"]], SpecConfig(max_new_tokens=2))
+    for bad, shown in (([1, 2.0], "float 2.0"), ([1, True], "bool True"), ([[1, 2]], "list \\[1, 2\\]")):
+        with pytest.raises(ValueError, match=f"prompt 0 holds {shown}: a prompt is a string"):
+            specjax.generate(target, [bad], SpecConfig(max_new_tokens=2))
+    ids = np.asarray([[1, 2, 3]], np.int32)                     # NumPy and JAX integers are token ids
+    plain = specjax.generate(target, [[1, 2, 3]], SpecConfig(max_new_tokens=2)).tokens
+    assert specjax.generate(target, list(ids), SpecConfig(max_new_tokens=2)).tokens == plain
+    assert specjax.generate(target, [list(jnp.asarray(ids[0]))], SpecConfig(max_new_tokens=2)).tokens == plain
 
 
 def test_predicted_needs_one_prediction_per_prompt(target):

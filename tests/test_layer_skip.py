@@ -4,7 +4,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from specjax.drafters import layer_skip
+from specjax.drafters import layer_skip, registry
 from specjax.drafters.artifacts import save_artifact
 from tiny import tiny_model
 
@@ -46,7 +46,8 @@ def test_bad_skip_sets_are_refused(skip, match):
 
 def test_skip_option_must_be_a_list_of_ints():
     with pytest.raises(ValueError, match="skip_layers"):
-        SpecConfig(method="layer_skip", num_speculative_tokens=2, drafter_options=dict(skip_layers="1,2"))
+        registry.resolve(SpecConfig(method="layer_skip", num_speculative_tokens=2,
+                                    drafter_options=dict(skip_layers="1,2")))
 
 
 def test_artifact_round_trip_and_another_target(tmp_path):

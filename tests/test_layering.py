@@ -1,8 +1,14 @@
 """The library's layering, read from the source with `ast` (nothing is imported):
 
-  - no import cycle among specjax/ and pallas_kernels/ modules (module-level imports; a package import implies its
-    __init__, a submodule import its parent packages' __init__ beside it, except the importer's own ancestors,
-    which are already initialising when it runs);
+  - no import cycle among specjax/, pallas_kernels/ and cpu_kernels/ modules (module-level imports; a package
+    import implies its __init__, a submodule import its parent packages' __init__ beside it, except the importer's
+    own ancestors, which are already initialising when it runs), nor once imports under TYPE_CHECKING count too;
+  - the seam between the library and its backends: nothing under specjax/ imports cpu_kernels or pallas_kernels
+    (they register into specjax.ops, which finds them by name: specjax.ops.backends.PLUGINS, the registration
+    point); the models call specjax.ops only;
+  - the ground floor: the request inputs, the batch planning and the config sit below the decode loop, the API and
+    the drafters (none of them reaches specjax.decode, specjax.api or specjax.drafters, however indirectly);
+  - one module names the SPECJAX_ environment variables: specjax.settings;
   - nothing under specjax/drafters/ imports specjax.api (or the specjax package, which is the API);
   - no module imports another module's private name (`from m import _x`, or `m._x` on an imported module), here
     and, separately, in train/ and experiments/;
@@ -13,7 +19,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from typing import Iterator, NamedTuple
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARY = ("specjax", "pallas_kernels", "cpu_kernels")
@@ -64,18 +73,20 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(body: list, in_function: bool = False) -> Iterator[tuple]:
-    """(node, in_function) for every import statement, skipping `if TYPE_CHECKING:` bodies."""
+def _import_nodes(body: list, in_function: bool = False, type_checking: bool = False) -> Iterator[tuple]:
+    """(node, in_function) for every import statement, skipping `if TYPE_CHECKING:` bodies unless type_checking."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node, in_function
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _import_nodes(node.orelse, in_function)
+            yield from _import_nodes(node.body if type_checking else node.orelse, in_function, type_checking)
+            if type_checking:
+                yield from _import_nodes(node.orelse, in_function, type_checking)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            yield from _import_nodes(node.body if isinstance(node.body, list) else [], True)
+            yield from _import_nodes(node.body if isinstance(node.body, list) else [], True, type_checking)
         else:
             for field in ("body", "orelse", "finalbody", "handlers"):
-                yield from _import_nodes(getattr(node, field, None) or [], in_function)
+                yield from _import_nodes(getattr(node, field, None) or [], in_function, type_checking)
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -97,13 +108,14 @@ def _with_parents(name: str, known: dict, importer: str) -> list:
     return out
 
 
-def imports_of(module: str, path: str, known: dict, root: str = ROOT) -> list:
-    """Every import statement of one module, resolved against the modules we know."""
+def imports_of(module: str, path: str, known: dict, root: str = ROOT, type_checking: bool = False) -> list:
+    """Every import statement of one module, resolved against the modules we know (type_checking: those under
+    `if TYPE_CHECKING:` too)."""
     with open(os.path.join(root, path)) as f:
         tree = ast.parse(f.read(), path)
     is_package = path.endswith("__init__.py")
     out = []
-    for node, in_function in _import_nodes(tree.body):
+    for node, in_function in _import_nodes(tree.body, type_checking=type_checking):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 explicit = [alias.name] if alias.name in known else []
@@ -214,19 +226,85 @@ def private_uses(imports: list, files: dict, root: str = ROOT) -> list:
     return sorted(set(out))
 
 
-def scan(packages: tuple, known_packages: tuple = LIBRARY) -> tuple:
+def scan(packages: tuple, known_packages: tuple = LIBRARY, type_checking: bool = False) -> tuple:
     """-> (files of the scanned modules, every import of them) resolved against known_packages' modules too."""
     files = module_files(packages)
     known = {**module_files(known_packages), **files}
-    imports = [imp for m, p in files.items() for imp in imports_of(m, p, known)]
+    imports = [imp for m, p in files.items() for imp in imports_of(m, p, known, type_checking=type_checking)]
     return files, known, imports
 
 
-def test_no_import_cycle():
-    files, _, imports = scan(LIBRARY)
+@pytest.mark.parametrize("type_checking", [False, True], ids=["runtime", "with_type_only_links"])
+def test_no_import_cycle(type_checking):
+    files, _, imports = scan(LIBRARY, type_checking=type_checking)
     edges = graph(imports)
     cycles = [describe(c, edges, files) for c in find_cycles(edges)]
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def reachable(edges: dict, start: str) -> set:
+    """Every module `start` imports, however indirectly (module-level imports)."""
+    seen, todo = set(), [start]
+    while todo:
+        for t in edges.get(todo.pop(), {}):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+BACKEND_PACKAGES = ("cpu_kernels", "pallas_kernels")
+
+
+def test_the_library_imports_no_backend_package():
+    """specjax (the models above all) calls specjax.ops; the backend packages register into it and are found by
+    name at the one registration point, never imported."""
+    from specjax.ops import backends
+    _, _, imports = scan(LIBRARY, type_checking=True)
+    bad = [f"{imp.path}:{imp.line}: imports {imp.source}" for imp in imports if imp.module.startswith("specjax")
+           and any(imp.source == p or imp.source.startswith(p + ".") for p in BACKEND_PACKAGES)]
+    assert not bad, "specjax/ imports a backend package:\n" + "\n".join(bad)
+    assert backends.PLUGINS == BACKEND_PACKAGES
+    named = []
+    for module, path in module_files(("specjax",)).items():
+        with open(os.path.join(ROOT, path)) as f:
+            tree = ast.parse(f.read())
+        named += [f"{path}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and n.value in BACKEND_PACKAGES]
+    assert sorted(set(named)) == [os.path.join("specjax", "ops", "backends.py") + f":{_plugins_line()}"], named
+
+
+def _plugins_line() -> int:
+    path = os.path.join(ROOT, "specjax", "ops", "backends.py")
+    with open(path) as f:
+        return next(i for i, line in enumerate(f, 1) if line.startswith("PLUGINS = "))
+
+
+def test_the_ground_floor_sits_below_the_loop():
+    files, _, imports = scan(LIBRARY, type_checking=True)
+    edges = graph(imports)
+    above = ("specjax.decode", "specjax.api", "specjax.drafters")
+    for floor in ("specjax.inputs", "specjax.planning", "specjax.config", "specjax.settings", "specjax.ops"):
+        up = sorted(m for m in reachable(edges, floor) if any(m == a or m.startswith(a + ".") for a in above))
+        assert not up, f"{floor} reaches {up}"
+
+
+def test_one_module_names_the_environment():
+    """Every SPECJAX_ variable is spelled in specjax/settings.py alone (library, scripts and notebooks' builder)."""
+    pattern = re.compile(r"SPECJAX_[A-Z0-9_]*")
+    bad = []
+    for module, path in {**module_files(LIBRARY), **module_files(SCRIPTS)}.items():
+        if path == os.path.join("specjax", "settings.py"):
+            continue
+        with open(os.path.join(ROOT, path)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value):
+                body = node.value.strip()
+                docstring = "\n" in body or body.endswith(".")
+                if not docstring:
+                    bad.append(f"{path}:{node.lineno}: {node.value!r}")
+    assert not bad, "SPECJAX_ variables named outside specjax.settings:\n" + "\n".join(bad)
 
 
 def test_drafters_do_not_import_the_api():

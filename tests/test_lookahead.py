@@ -7,6 +7,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
+from specjax.drafters import registry
 from specjax.drafters.base import Context, Verified
 from specjax.drafters.lookahead import LookaheadDrafter, LookaheadState, pool_insert, tree_layout
 from specjax.models.llama import ForwardOut
@@ -83,22 +84,24 @@ def test_propose_verifies_the_window_and_the_root_tokens_pooled_ngrams():
 ])
 def test_bad_window_ngram_guess_are_refused_by_name(opts, match):
     with pytest.raises(ValueError, match=match):
-        SpecConfig(method="lookahead", num_speculative_tokens=4, drafter_options=opts)
+        registry.resolve(SpecConfig(method="lookahead", num_speculative_tokens=4, drafter_options=opts))
 
 
 def test_num_speculative_tokens_must_be_the_tree_size():
     with pytest.raises(ValueError, match=r"num_speculative_tokens=4 disagrees with k = 8, .* set it to 8"):
-        SpecConfig(method="lookahead", num_speculative_tokens=4,
-                   drafter_options=dict(window_size=2, ngram_size=3, guess_set_size=2))
-    SpecConfig(method="lookahead", num_speculative_tokens=16)                  # defaults W=4, N=3, G=4
+        registry.resolve(SpecConfig(method="lookahead", num_speculative_tokens=4,
+                                    drafter_options=dict(window_size=2, ngram_size=3, guess_set_size=2)))
+    registry.resolve(SpecConfig(method="lookahead", num_speculative_tokens=16))   # defaults W=4, N=3, G=4
 
 
 def test_options_fix_k_when_it_is_not_given(target):
-    """(W + G)(N - 1) is derived when num_speculative_tokens is unset, and the loop drafts that many per step."""
-    assert SpecConfig(method="lookahead").k == 16                               # defaults W=4, N=3, G=4
+    """(W + G)(N - 1) is derived (registry.resolve, which generate() runs) when num_speculative_tokens is unset,
+    and the loop drafts that many per step."""
+    assert registry.resolve(SpecConfig(method="lookahead")).k == 16            # defaults W=4, N=3, G=4
     config = SpecConfig(method="lookahead", max_new_tokens=6, stop_at_eos=False,
                         drafter_options=dict(window_size=2, ngram_size=3, guess_set_size=2))
-    assert config.num_speculative_tokens is None and config.k == 8
+    resolved = registry.resolve(config)
+    assert config.num_speculative_tokens is None and resolved.num_speculative_tokens == resolved.k == 8
     res = specjax.generate(target, [[1, 2, 3, 1, 2, 3]], config)
     assert res.stats["num_speculative_tokens"] == 8
     assert len(res.stats["accept_hist"]) == 9                                   # 0 .. 8 accepted per step

@@ -13,9 +13,9 @@ import pytest
 
 import specjax
 from cpu_kernels import build
-from cpu_kernels.small_m_matmul import PanelMatrix
-from specjax import SpecConfig
+from specjax import SpecConfig, settings
 from specjax.models.hf_io import load_pretrained
+from specjax.models.weights import PanelMatrix
 from specjax.models.model import Model, from_panels, to_panels, weight_arrays
 from specjax.cache import KVCache
 from specjax.drafters.base import target_weight
@@ -68,14 +68,14 @@ def test_a_mesh_and_an_export_read_the_panels_back_row_major(target, panels, bas
         specjax.load_model("stdlib-target", weight_format="panel")
 
 
-def test_load_model_chooses_panels_where_the_kernel_runs(monkeypatch):
-    """weight_format="auto": panels on a CPU with the kernels on; row-major with the kernel switched off, another
-    dtype, or when asked for float32."""
+def test_load_model_chooses_panels_where_the_kernel_runs():
+    """weight_format="auto": panels on a CPU with the kernels on; row-major with the linear op's backend set to xla,
+    another dtype, or when asked for float32."""
     assert isinstance(specjax.load_model("stdlib-draft").params["layers"][0]["wqkv"], PanelMatrix)
     assert "wq" in specjax.load_model("stdlib-draft", weight_format="float32").params["layers"][0]
     assert "wq" in specjax.load_model("stdlib-draft", dtype=jnp.bfloat16).params["layers"][0]
-    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
-    assert "wq" in specjax.load_model("stdlib-draft").params["layers"][0]
+    with settings.use_backends(linear="xla"):
+        assert "wq" in specjax.load_model("stdlib-draft").params["layers"][0]
 
 
 def test_a_tied_head_in_panels_of_its_own():

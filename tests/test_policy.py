@@ -13,6 +13,7 @@ import pytest
 import specjax
 import specjax.decode as decode
 from specjax import SpecConfig
+from specjax.drafters import registry
 from conformance_factories import FACTORIES, SP, Case, run, sampled_pvalue, with_planted_bug
 from tiny import BASELINE_MAX_NEW, ragged_prompts
 
@@ -134,8 +135,22 @@ def test_bad_policy_settings(fields, message):
 
 def test_policy_needs_a_speculative_method_and_whole_trees():
     with pytest.raises(ValueError, match="not used by method='none'"):
-        SpecConfig(acceptance_rate_threshold=0.5)
+        registry.resolve(SpecConfig(acceptance_rate_threshold=0.5))
     with pytest.raises(ValueError, match="a tree cannot be cut"):
         SpecConfig(method="draft_model", tree_choices=((0,), (1,), (0, 0)), draft_len_schedule={4: 2})
     tree = SpecConfig(method="draft_model", tree_choices=((0,), (1,), (0, 0)), draft_len_schedule={4: 3})
     assert tree.for_batch(4).is_tree and tree.for_batch(5).method == "none"
+
+
+def test_a_schedule_is_checked_against_the_k_its_method_derives():
+    """lookahead's options fix k: the schedule's k are checked once registry.resolve has derived it (SpecConfig
+    alone cannot know it), and each scheduled config must be one the method takes."""
+    config = SpecConfig(method="lookahead", draft_len_schedule={2: 20})          # k = (4 + 4) * (3 - 1) = 16
+    with pytest.raises(ValueError, match="must be in \\[0, num_speculative_tokens=16\\]"):
+        registry.resolve(config)
+    with pytest.raises(ValueError, match="draft_len_schedule: the config for batches up to 2: "
+                                         "num_speculative_tokens=8 disagrees with k = 16"):
+        registry.resolve(SpecConfig(method="lookahead", draft_len_schedule={2: 8}))
+    done = registry.resolve(SpecConfig(method="lookahead", draft_len_schedule={2: 16}))
+    assert done.for_batch(2).k == 16 and done.for_batch(3).method == "none"
+    assert registry.resolve(done.for_batch(2)) == done.for_batch(2)          # already resolved

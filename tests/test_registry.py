@@ -20,16 +20,63 @@ def test_every_builtin_method_is_registered():
     assert {"none", "draft_model", "ngram", "predicted"} <= set(registry.methods())
     assert "draft_model" in registry.tree_methods() and "ngram" not in registry.tree_methods()
     with pytest.raises(ValueError, match="unknown speculative method 'medusa_typo'.*draft_model"):
-        SpecConfig(method="medusa_typo", num_speculative_tokens=2)
+        registry.resolve(SpecConfig(method="medusa_typo", num_speculative_tokens=2))
+    for bad in ("", None, 3):
+        with pytest.raises(ValueError, match="method must be the name of a speculative method"):
+            SpecConfig(method=bad)
 
 
 def test_fields_a_method_does_not_read_are_refused():
     with pytest.raises(ValueError, match="prompt_lookup_min is not used by method='draft_model'"):
-        SpecConfig(method="draft_model", num_speculative_tokens=2, prompt_lookup_min=2)
+        registry.resolve(SpecConfig(method="draft_model", num_speculative_tokens=2, prompt_lookup_min=2))
     with pytest.raises(ValueError, match="method='ngram' cannot draft token trees"):
-        SpecConfig(method="ngram", num_steps=2, topk=2, num_draft_tokens=3)
+        registry.resolve(SpecConfig(method="ngram", num_steps=2, topk=2, num_draft_tokens=3))
     with pytest.raises(ValueError, match="has no option 'window'"):
-        SpecConfig(method="ngram", num_speculative_tokens=2, drafter_options={"window": 3})
+        registry.resolve(SpecConfig(method="ngram", num_speculative_tokens=2, drafter_options={"window": 3}))
+
+
+def test_the_method_is_checked_by_resolve_and_by_generate_at_the_latest(target):
+    """SpecConfig checks what holds whatever the method (it imports no drafter); what depends on the method is
+    registry.resolve's, which generate() and prepare() run first: the same message, from generate()."""
+    unread = SpecConfig(method="draft_model", num_speculative_tokens=2, prompt_lookup_min=2)      # constructs
+    for bad, match in ((SpecConfig(method="medusa_typo", num_speculative_tokens=2), "unknown speculative method"),
+                       (unread, "prompt_lookup_min is not used by method='draft_model'"),
+                       (SpecConfig(method="ngram"), r"num_speculative_tokens \(k\) must be an int in \[1, 64\]"),
+                       (SpecConfig(method="ngram", num_speculative_tokens=2, drafter_options={"window": 3}),
+                        "has no option 'window'")):
+        with pytest.raises(ValueError, match=match):
+            specjax.generate(target, [[1, 2, 3]], bad)
+        with pytest.raises(ValueError, match=match):
+            specjax.prepare(target, [[1, 2, 3]], bad)
+    with pytest.raises(ValueError, match="unknown speculative method"):
+        specjax.generate(target, [[1, 2, 3]], {"method": "medusa_typo", "num_speculative_tokens": 2})
+    with pytest.raises(TypeError, match="resolve\\(\\) takes a SpecConfig"):
+        registry.resolve({"method": "ngram"})
+
+
+def test_resolve_completes_the_config():
+    """Every declared option with its default, k derived where the options fix it, the method's default
+    verify_widths; a resolved config resolves to itself and equal input resolves to equal (hashable) configs,
+    the compiled loop's static argument."""
+    given = SpecConfig(method="lookahead", drafter_options={"window_size": 5})
+    done = registry.resolve(given)
+    assert done.drafter_options == (("guess_set_size", 4), ("ngram_size", 3), ("window_size", 5))
+    assert done.num_speculative_tokens == done.k == (5 + 4) * (3 - 1) and done.option("ngram_size") == 3
+    assert registry.resolve(done) == done
+    again = registry.resolve(SpecConfig(method="lookahead", drafter_options=(("window_size", 5),)))
+    assert again == done and hash(again) == hash(done)
+    suffix = registry.resolve(SpecConfig(method="suffix", num_speculative_tokens=8))
+    assert suffix.verify_widths == (1, 2, 4) and suffix.option("suffix_decoding_max_tree_depth") == 24
+    plain = SpecConfig(max_new_tokens=3)
+    assert registry.resolve(plain) == plain and plain.k == 0
+    # before resolving: k and the options the config does not hold are the registry's to give
+    with pytest.raises(ValueError, match=r"k is the method's to derive.*registry\.resolve"):
+        given.k
+    with pytest.raises(KeyError, match=r"no drafter option 'ngram_size'.*registry\.resolve"):
+        given.option("ngram_size")
+    assert given.option("window_size") == 5
+    with pytest.raises(KeyError, match="no drafter option 'nope'"):
+        done.option("nope")
 
 
 # ---- a drafter defined here, outside the package: options and the target-exposure contract ---------------------
@@ -83,7 +130,7 @@ def probe_method():
 
 def test_target_exposure_reaches_the_drafter(target, probe_method):
     with pytest.raises(ValueError, match="drafter option eps=-1.0.*a float > 0"):
-        SpecConfig(method=probe_method, num_speculative_tokens=2, drafter_options={"eps": -1.0})
+        registry.resolve(SpecConfig(method=probe_method, num_speculative_tokens=2, drafter_options={"eps": -1.0}))
     cfg = SpecConfig(method=probe_method, num_speculative_tokens=2, max_new_tokens=6,
                      drafter_options={"eps": target.config.rms_norm_eps})
     assert cfg.option("eps") == target.config.rms_norm_eps

@@ -9,7 +9,8 @@ from specjax import SamplingParams, SpecConfig
 from specjax import verify
 from specjax.sampling import SAMPLE_BLOCK, greedy_token, probabilities, sample
 from cpu_kernels import build as cpu_build
-from cpu_kernels.greedy_token import greedy_token_cpu, greedy_token_reference
+from cpu_kernels.greedy_token import greedy_token_cpu
+from specjax.ops import greedy_token_reference
 
 from tests._stats import gof_pvalue
 

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from cpu_kernels import build
-from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, PanelMatrix,
-                                        Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix, applies, matmul,
-                                        small_m_matmul, small_m_matmul_panels, small_m_matmul_q4_1,
-                                        small_m_matmul_q4_1_int8, small_m_matmul_q8_0,
-                                        small_m_matmul_q8_0_int8, small_m_matmul_reference)
-from cpu_kernels.small_m_matmul.reference import (q4_1_int8_reference, q8_0_int8_reference, quantize_rows_q8,
-                                                  unpack_q4_1_int8, unpack_q8_0_int8)
+from cpu_kernels.small_m_matmul import (MAX_ROWS, MAX_ROWS_TRANSPOSED, XLA_GEMM_MAX_ROWS, applies, small_m_matmul,
+                                        small_m_matmul_panels, small_m_matmul_q4_1, small_m_matmul_q4_1_int8,
+                                        small_m_matmul_q8_0, small_m_matmul_q8_0_int8)
+from specjax import settings
+from specjax.models.weights import (PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix,
+                                    q4_1_int8_reference, q8_0_int8_reference, quantize_rows_q8, unpack_q4_1_int8,
+                                    unpack_q8_0_int8)
+from specjax.ops import linear, linear_reference
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="no C++ compiler: the kernel cannot be built here")
 
@@ -76,7 +77,7 @@ def test_concurrent_calls_give_the_serial_results():
 def test_a_planted_difference_is_seen():
     """The identity check can fail: the same rows through XLA's dot (another summation order) differ in bits."""
     x, w = _inputs(9, 576, 80, False, seed=2)
-    assert not np.array_equal(np.asarray(small_m_matmul(x, w)), np.asarray(small_m_matmul_reference(x, w) * (1 + 2e-7)))
+    assert not np.array_equal(np.asarray(small_m_matmul(x, w)), np.asarray(linear_reference(x, w) * (1 + 2e-7)))
     assert not np.array_equal(np.asarray(small_m_matmul(x, w)), np.asarray(small_m_matmul(x, w * 1.0000001)))
 
 
@@ -96,8 +97,13 @@ def test_dispatch_falls_back_where_the_kernel_does_not_apply(monkeypatch):
     assert f"..{MAX_ROWS} for w [N, K]" in applies((MAX_ROWS + 1, 64), (80, 64), jnp.float32, True)
     assert "multiple of 16" in applies((5, 64), (64, 72), jnp.float32)
     assert "multiple of 16" in applies((5, 72), (80, 72), jnp.float32, transposed=True)
-    monkeypatch.setenv("SPECJAX_SMALL_M_MATMUL", "0")
-    assert "SPECJAX_SMALL_M_MATMUL" in applies((5, 64), (64, 80), jnp.float32)
+
+
+def test_the_xla_choice_turns_the_kernel_off():
+    x, w = _inputs(5, 64, 80, False)
+    with settings.use_backends(linear="xla"):
+        assert build.TARGET not in _lowered_text(linear, x, w)
+    assert build.TARGET in _lowered_text(linear, x, w)
 
 
 def _lowered_text(fn, *args):
@@ -106,12 +112,12 @@ def _lowered_text(fn, *args):
 
 def test_matmul_uses_the_kernel_only_where_it_applies():
     x, w = _inputs(5, 64, 80, False)
-    assert build.TARGET in _lowered_text(matmul, x.reshape(1, 5, 64), w)
+    assert build.TARGET in _lowered_text(linear, x.reshape(1, 5, 64), w)
     big, _ = _inputs(MAX_ROWS + 1, 64, 80, False)
-    assert build.TARGET not in _lowered_text(matmul, big, w)
-    assert build.TARGET not in _lowered_text(matmul, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert build.TARGET not in _lowered_text(linear, big, w)
+    assert build.TARGET not in _lowered_text(linear, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     # [..., K] inputs fold into rows and come back in their shape
-    got = matmul(x.reshape(1, 5, 64), w)
+    got = linear(x.reshape(1, 5, 64), w)
     np.testing.assert_allclose(np.asarray(got).reshape(5, 80), np.asarray(x @ w), rtol=1e-5, atol=1e-5)
 
 
@@ -120,13 +126,13 @@ def test_gradients_and_vmap(transposed):
     K, N = (64, 48)
     x, w = _inputs(3, K, N, transposed, seed=3)
     loss = lambda f: (lambda x, w: jnp.sum(jnp.tanh(f(x, w))))
-    got = jax.grad(loss(lambda x, w: matmul(x, w, transposed)), argnums=(0, 1))(x, w)
-    want = jax.grad(loss(lambda x, w: small_m_matmul_reference(x, w, transposed)), argnums=(0, 1))(x, w)
+    got = jax.grad(loss(lambda x, w: linear(x, w, transposed)), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(lambda x, w: linear_reference(x, w, transposed)), argnums=(0, 1))(x, w)
     for g, r in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-5)
     xs = jnp.stack([x, 2 * x])                                    # [2, 3, K]
-    np.testing.assert_allclose(np.asarray(jax.vmap(lambda x: matmul(x, w, transposed))(xs)),
-                               np.asarray(small_m_matmul_reference(xs, w, transposed)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.vmap(lambda x: linear(x, w, transposed))(xs)),
+                               np.asarray(linear_reference(xs, w, transposed)), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_input_names_the_problem():
@@ -202,18 +208,18 @@ def test_q4_1_planted_bugs_are_seen():
 
 
 def test_q4_1_matmul_dispatch():
-    """matmul takes a Q4_1Matrix in jit like an array: the kernel up to MAX_ROWS rows, the dequantized weights through
+    """linear takes a Q4_1Matrix in jit like an array: the kernel up to MAX_ROWS rows, the dequantized weights through
     XLA's dot past it (equal to the reference), leading dims kept; transposed products refused."""
     blocks, dense = _q4_1(64, 96)
     w = Q4_1Matrix(*map(jnp.asarray, blocks))
     for shape in [(2, 3, 64), (MAX_ROWS + 8, 64)]:
         x = jnp.asarray(np.random.default_rng(2).standard_normal(shape, dtype=np.float32))
-        got = np.asarray(jax.jit(matmul)(x, w))
+        got = np.asarray(jax.jit(linear)(x, w))
         assert got.shape == (*shape[:-1], 96)
-        want = np.asarray(matmul(x, jnp.asarray(dense)))
+        want = np.asarray(linear(x, jnp.asarray(dense)))
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="transposed"):
-        matmul(x, w, transposed=True)
+        linear(x, w, transposed=True)
     with pytest.raises(ValueError, match="float32 x"):
         small_m_matmul_q4_1(x.astype(jnp.bfloat16), w)
 
@@ -246,15 +252,15 @@ def test_q8_0_kernel_equals_the_float32_kernel_on_the_dequantized_weights(N, K):
         want = np.asarray(small_m_matmul(x, jnp.asarray(dense), True))
         for parts in (1, 2, 3):
             np.testing.assert_array_equal(np.asarray(small_m_matmul_q8_0(x, w, parts=parts)), want)
-        np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: matmul(x, w, True))(x, w)), want)
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: linear(x, w, True))(x, w)), want)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((MAX_ROWS + 3, K), dtype=np.float32))
-    np.testing.assert_allclose(np.asarray(matmul(x, w, True)), np.asarray(x) @ dense.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(linear(x, w, True)), np.asarray(x) @ dense.T, rtol=1e-4, atol=1e-4)
     values = np.array(w.values)
     values[N // 2, 5] ^= 1                                              # a planted bug is seen
     assert not np.array_equal(np.asarray(small_m_matmul_q8_0(x[:3], Q8_0Matrix(jnp.asarray(values), w.scale))),
                               np.asarray(small_m_matmul_q8_0(x[:3], w)))
     with pytest.raises(ValueError, match="transposed"):
-        matmul(x, w)
+        linear(x, w)
 
 
 # ------------------------------------------------------------- blocks times 8-bit activations (llama.cpp's arithmetic)
@@ -299,7 +305,7 @@ def test_q4_1_int8_kernel_is_llama_cpp_arithmetic_and_rows_independent_of_m(K, N
         for parts in (1, 2, 3):
             np.testing.assert_array_equal(np.asarray(small_m_matmul_q4_1_int8(jnp.asarray(x[:M]), w, parts=parts)),
                                           full[:M])
-    got = jax.jit(matmul)(jnp.asarray(x[:6].reshape(2, 3, K)), w)                    # [..., K] through the dispatch
+    got = jax.jit(linear)(jnp.asarray(x[:6].reshape(2, 3, K)), w)                    # [..., K] through the dispatch
     np.testing.assert_array_equal(np.asarray(got).reshape(6, N), full[:6])
 
 
@@ -319,7 +325,7 @@ def test_q8_0_int8_kernel_is_llama_cpp_arithmetic_and_rows_independent_of_m(N, K
         for parts in (1, 2, 3):
             np.testing.assert_array_equal(np.asarray(small_m_matmul_q8_0_int8(jnp.asarray(x[:M]), w, parts=parts)),
                                           full[:M])
-    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: matmul(x, w, True))(jnp.asarray(x[:3]), w)),
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x, w: linear(x, w, True))(jnp.asarray(x[:3]), w)),
                                   full[:3])
 
 
@@ -365,16 +371,16 @@ def test_int8_blocks_refuse_bad_input():
     w, *_ = _q4_1_int8(64, 32)
     x = jnp.ones((2, 64), jnp.float32)
     with pytest.raises(ValueError, match=r"is w \[K, N\]"):
-        matmul(x, w, transposed=True)
+        linear(x, w, transposed=True)
     with pytest.raises(ValueError, match="float32 x"):
-        matmul(x.astype(jnp.bfloat16), w)
+        linear(x.astype(jnp.bfloat16), w)
     with pytest.raises(ValueError, match="x \\[M, 64\\]"):
         small_m_matmul_q4_1_int8(jnp.ones((2, 32), jnp.float32), w)
     with pytest.raises(ValueError, match="N % 16"):
         Q8_0Int8Matrix.from_q8_0(_q8_0(37, 64)[0])
     w8 = Q8_0Int8Matrix(*map(jnp.asarray, Q8_0Int8Matrix.from_q8_0(_q8_0(32, 64)[0])))
     with pytest.raises(ValueError, match="read transposed"):
-        matmul(x, w8)
+        linear(x, w8)
 
 
 # ------------------------------------------------------------------------------- float32 w in panels (PanelMatrix)
@@ -406,7 +412,7 @@ def test_panels_planted_bugs_are_seen():
 
 
 def test_panels_dispatch_concatenation_and_gradients():
-    """matmul takes a PanelMatrix in jit like an array (leading dims kept; past MAX_ROWS the kernel MAX_ROWS rows
+    """linear takes a PanelMatrix in jit like an array (leading dims kept; past MAX_ROWS the kernel MAX_ROWS rows
     at a time, each row as alone), concatenated panels give each matrix's own columns, x's gradient is the dense
     one's; transposed products and shapes the panels cannot hold are refused."""
     _, w1 = _inputs(1, 64, 48, False, seed=5)
@@ -416,7 +422,7 @@ def test_panels_dispatch_concatenation_and_gradients():
     assert fused.shape == (64, 80) and fused.dtype == jnp.float32
     for shape in [(2, 3, 64), (MAX_ROWS + 8, 64)]:
         x = jnp.asarray(np.random.default_rng(7).standard_normal(shape, dtype=np.float32))
-        got = np.asarray(jax.jit(matmul)(x, fused))
+        got = np.asarray(jax.jit(linear)(x, fused))
         assert got.shape == (*shape[:-1], 80)
         for w, cols in ((w1, slice(0, 48)), (w2, slice(48, 80))):
             flat = x.reshape(-1, 64)
@@ -425,10 +431,10 @@ def test_panels_dispatch_concatenation_and_gradients():
             np.testing.assert_array_equal(got[..., cols].reshape(-1, cols.stop - cols.start), want)
     x = jnp.asarray(np.random.default_rng(8).standard_normal((3, 64), dtype=np.float32))
     dense = jnp.concatenate([w1, w2], axis=1)
-    grad = jax.grad(lambda x: jnp.sum(jnp.sin(matmul(x, fused))))(x)
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(linear(x, fused))))(x)
     np.testing.assert_allclose(grad, jax.grad(lambda x: jnp.sum(jnp.sin(x @ dense)))(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="transposed"):
-        matmul(x, fused, transposed=True)
+        linear(x, fused, transposed=True)
     with pytest.raises(ValueError, match="K even"):
         PanelMatrix.from_dense(np.ones((3, 16), np.float32))
     with pytest.raises(ValueError, match="N % 16"):

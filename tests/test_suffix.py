@@ -6,7 +6,7 @@ import pytest
 
 import specjax
 from specjax import SpecConfig
-from specjax.drafters import suffix
+from specjax.drafters import registry, suffix
 from specjax.drafters.suffix import SuffixCache, match_lengths, propose_row
 from tiny import ragged_prompts
 
@@ -88,7 +88,7 @@ def test_global_cache_persists_across_generate_calls_and_raises_acceptance(targe
     ("suffix_decoding_max_cached_requests", -1)])
 def test_bad_options_are_refused_by_name(name, value):
     with pytest.raises(ValueError, match=f"drafter option {name}={value}"):
-        SpecConfig(method="suffix", num_speculative_tokens=4, drafter_options={name: value})
+        registry.resolve(SpecConfig(method="suffix", num_speculative_tokens=4, drafter_options={name: value}))
 
 
 def test_a_cache_larger_than_memory_is_refused(target):

@@ -12,6 +12,7 @@ import pytest
 import specjax
 import specjax.verify as verify
 from specjax import SamplingParams, SpecConfig
+from specjax.drafters import registry
 from specjax.trees import MEDUSA_63, TreeSpec, full_tree_choices
 from tiny import BASELINE_MAX_NEW, ragged_prompts
 from _stats import exact_joint, gof_pvalue, joint_counts
@@ -277,7 +278,7 @@ def test_malformed_tree_config(kw, match):
 
 def test_tree_config_errors(target, near_draft):
     with pytest.raises(ValueError, match="cannot draft token trees"):
-        SpecConfig(method="ngram", tree_choices=CHAIN)
+        registry.resolve(SpecConfig(method="ngram", tree_choices=CHAIN))
     cfg = SpecConfig(method="draft_model", tree_choices=WIDE)
     assert cfg.k == 6 and cfg.tree.num_nodes == 7 and hash(cfg) == hash(SpecConfig(method="draft_model",
                                                                                     tree_choices=list(WIDE)))

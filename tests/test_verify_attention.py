@@ -145,7 +145,7 @@ def test_reference_auto_formulation_by_size():
     """On a CPU "auto" takes the fused loops for a few query rows over a large cache, the dots otherwise, and for
     one new entry in all over keys stored slots-last the fused scores with the values' dot; every formulation gives
     the naive answer (checked above), so the choice only moves time."""
-    from pallas_kernels.verify_attention.reference import FUSED_MIN_KV_BYTES, FUSED_MAX_ROWS, _formulation
+    from specjax.ops.attention import FUSED_MIN_KV_BYTES, FUSED_MAX_ROWS, _formulation
     cpu = jax.default_backend() == "cpu"
     assert _formulation("auto", 2, 4, FUSED_MAX_ROWS, FUSED_MIN_KV_BYTES, True) == (cpu, cpu)
     assert _formulation("auto", 2, 4, FUSED_MAX_ROWS + 1, FUSED_MIN_KV_BYTES, True) == (False, False)

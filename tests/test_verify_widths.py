@@ -18,7 +18,7 @@ import specjax
 import specjax.verify as verify
 from specjax import SpecConfig
 from specjax.inputs import encode_all
-from specjax.drafters import suffix
+from specjax.drafters import registry, suffix
 from specjax.drafters.base import Draft
 from specjax.drafters.registry import DrafterSpec, register
 from conformance_factories import N_SAMPLES, PROMPT, SP, run, sampled_pvalue, with_planted_bug, Case
@@ -97,7 +97,7 @@ def test_suffix_decoding_narrows_by_default_and_keeps_greedy_output(target, base
     cache), some steps propose a few tokens, some nothing."""
     cache = suffix.SuffixCache([])
     config = SpecConfig(method="suffix", num_speculative_tokens=8, max_new_tokens=BASELINE_MAX_NEW)
-    assert config.verify_widths == (1, 2, 4)
+    assert config.verify_widths is None and registry.resolve(config).verify_widths == (1, 2, 4)
     res = specjax.generate(target, ragged_prompts(batch, seed=batch), config, drafter=cache)
     assert res.tokens == baselines[batch]
     check_widths(res.stats, 8)
@@ -159,7 +159,7 @@ def test_bad_settings_are_refused(target):
         with pytest.raises(ValueError, match=r"verify_widths must be draft counts in \[1, k\)"):
             SpecConfig(method="ngram", num_speculative_tokens=3, verify_widths=bad)
     with pytest.raises(ValueError, match="verify_widths is not used by method='none'"):
-        SpecConfig(verify_widths=(1,))
+        registry.resolve(SpecConfig(verify_widths=(1,)))
     with pytest.raises(ValueError, match="a configured tree verifies all its nodes"):
         SpecConfig(method="draft_model", num_steps=2, topk=2, num_draft_tokens=4, verify_widths=(1,))
     with pytest.raises(ValueError, match="does not say how much it drafted"):
@@ -167,7 +167,10 @@ def test_bad_settings_are_refused(target):
             method="draft_model", num_speculative_tokens=3, max_new_tokens=4, verify_widths=(1,)),
             drafter=target)
     # a schedule's smaller k drops the widths it no longer has
-    config = SpecConfig(method="suffix", num_speculative_tokens=8, draft_len_schedule={1: 8, 4: 2})
+    config = registry.resolve(SpecConfig(method="suffix", num_speculative_tokens=8, draft_len_schedule={1: 8, 4: 2}))
     assert config.for_batch(1).verify_widths == (1, 2, 4) and config.for_batch(4).verify_widths == (1,)
-    assert SpecConfig(method="suffix", num_speculative_tokens=8, verify_widths=()).verify_widths == ()
-    assert SpecConfig(method="ngram", num_speculative_tokens=8).verify_widths is None
+    assert registry.resolve(SpecConfig(method="suffix", num_speculative_tokens=8, verify_widths=())).verify_widths == ()
+    assert registry.resolve(SpecConfig(method="ngram", num_speculative_tokens=8)).verify_widths is None
+    # a method whose options fix k: the widths are checked against it once resolved
+    with pytest.raises(ValueError, match=r"verify_widths must be draft counts in \[1, k\) = \[1, 16\)"):
+        registry.resolve(SpecConfig(method="lookahead", verify_widths=(2, 16)))

@@ -18,7 +18,8 @@ import numpy as np
 from jax import lax
 
 from cpu_kernels.bench import looped_us
-from cpu_kernels.greedy_token import greedy_token_cpu, greedy_token_reference
+from cpu_kernels.greedy_token import greedy_token_cpu
+from specjax.ops import greedy_token_reference
 
 
 def per_call_us(op, x: jax.Array, calls: int, reps: int) -> float:

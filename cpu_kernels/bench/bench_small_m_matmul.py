@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels.bench import fastest
-from cpu_kernels.small_m_matmul import (PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix, small_m_matmul,
-                                       small_m_matmul_panels, small_m_matmul_q4_1, small_m_matmul_q4_1_int8,
-                                       small_m_matmul_q8_0, small_m_matmul_reference)
+from cpu_kernels.small_m_matmul import (small_m_matmul, small_m_matmul_panels, small_m_matmul_q4_1,
+                                       small_m_matmul_q4_1_int8, small_m_matmul_q8_0)
+from specjax.models.weights import PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Matrix
+from specjax.ops import linear_reference
 
 
 def chained(product, rows: int, K: int):
@@ -92,7 +93,7 @@ def main() -> None:
         else:
             ws = [jax.random.normal(jax.random.PRNGKey(i), (A, B), jnp.float32) for i in range(layers)]
             candidates = (("kernel", lambda x, w: small_m_matmul(x, w, transposed, parts=a.parts), ws),
-                          ("xla", lambda x, w: small_m_matmul_reference(x, w, transposed), ws))
+                          ("xla", lambda x, w: linear_reference(x, w, transposed), ws))
         first = {}
         for M in (int(m) for m in a.rows.split(",")):
             x = jax.random.normal(jax.random.PRNGKey(M), (M, K), jnp.float32)

@@ -16,7 +16,8 @@ import numpy as np
 from jax import lax
 
 from cpu_kernels.bench import looped_us
-from cpu_kernels.swiglu import swiglu_cpu, swiglu_reference
+from cpu_kernels.swiglu import swiglu_cpu
+from specjax.ops import swiglu_reference
 
 
 def per_call_us(op, x: jax.Array, width: int, calls: int, reps: int) -> float:

@@ -3,26 +3,24 @@ place.
 
 Its point is speed: XLA:CPU runs the reference's scatter of T > 1 slots index by index (a strided store per element
 into keys stored slots-last) after copying the new block into the scatter's layout, where the kernel copies runs of
-T or D floats. The result is the reference's (write_kv_reference) to the bit: a write only moves values.
+T or D floats. The result is specjax.ops.write_kv_reference's to the bit: a write only moves values.
+Registered as the "cpu_kernel" backend of specjax.ops.write_kv (outside a mesh: under one XLA partitions the
+definition's scatter over the sharded buffers, where the kernel would need them whole).
 """
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from cpu_kernels import build
-from cpu_kernels.cache_write.reference import read_kv_reference, write_kv_reference
+from specjax.ops import Backend, register_backend
 
-__all__ = ["write_kv", "write_kv_cpu", "write_kv_reference"]
-
-SWITCH = "SPECJAX_CACHE_WRITE_KERNEL"     # "0": XLA computes it (the reference)
+__all__ = ["write_kv_cpu"]
 
 
 def write_kv_cpu(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: jax.Array, starts: jax.Array,
                  keys_transposed: bool) -> tuple[jax.Array, jax.Array]:
-    """The kernel itself (CPU only): write_kv_reference's arguments, every array float32 but starts [B] int. The
+    """The kernel itself (CPU only): specjax.ops.write_kv_reference's arguments, every array float32 but starts [B] int. The
     buffers are aliased to the outputs: under jit with the buffers donated or carried, the write is in place."""
     build.require()
     problem = _shape_problem(k_buf, v_buf, k_new, v_new, starts, keys_transposed)
@@ -33,19 +31,6 @@ def write_kv_cpu(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: ja
                              jax.ShapeDtypeStruct(v_buf.shape, jnp.float32)),
                             input_output_aliases={0: 0, 1: 1}, vmap_method="sequential")
     return call(k_buf, v_buf, k_new, v_new, starts.astype(jnp.int32), keys_transposed=bool(keys_transposed))
-
-
-def write_kv(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: jax.Array, starts: jax.Array,
-             keys_transposed: bool) -> tuple[jax.Array, jax.Array]:
-    """write_kv_reference's arguments and result: the kernel on a CPU for float32 arrays outside a mesh (under one
-    XLA partitions the reference's scatter over the sharded buffers, where the kernel would need them whole), else
-    the reference. Gradients are the reference's."""
-    usable = (all(a.dtype == jnp.float32 for a in (k_buf, v_buf, k_new, v_new))
-              and _shape_problem(k_buf, v_buf, k_new, v_new, starts, keys_transposed) is None
-              and jax.sharding.get_abstract_mesh().empty and not build.turned_off(SWITCH))
-    return build.kernel_or_reference(lambda *a: _differentiable_kernel(*a, keys_transposed),
-                                     lambda *a: write_kv_reference(*a, keys_transposed),
-                                     k_buf, v_buf, k_new, v_new, starts, usable=usable)
 
 
 def _shape_problem(k_buf, v_buf, k_new, v_new, starts, keys_transposed) -> str | None:
@@ -61,23 +46,15 @@ def _shape_problem(k_buf, v_buf, k_new, v_new, starts, keys_transposed) -> str |
     return None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _differentiable_kernel(k_buf, v_buf, k_new, v_new, starts, keys_transposed):
+def _takes(k_buf, v_buf, k_new, v_new, starts, *, keys_transposed: bool) -> bool:
+    return (all(a.dtype == jnp.float32 for a in (k_buf, v_buf, k_new, v_new))
+            and _shape_problem(k_buf, v_buf, k_new, v_new, starts, keys_transposed) is None
+            and jax.sharding.get_abstract_mesh().empty)
+
+
+def _kernel(k_buf, v_buf, k_new, v_new, starts, *, keys_transposed: bool) -> tuple[jax.Array, jax.Array]:
     return write_kv_cpu(k_buf, v_buf, k_new, v_new, starts, keys_transposed)
 
 
-def _kernel_forward(k_buf, v_buf, k_new, v_new, starts, keys_transposed):
-    return write_kv_cpu(k_buf, v_buf, k_new, v_new, starts, keys_transposed), (starts, k_new)
-
-
-def _kernel_backward(keys_transposed, residuals, g):
-    starts, k_new = residuals
-    g_k, g_v = g
-    # The overwritten slots pass nothing back to the old buffers; the new entries get those slots' cotangents.
-    zeros = jnp.zeros_like(k_new)
-    d_k_buf, d_v_buf = write_kv_reference(g_k, g_v, zeros, zeros, starts, keys_transposed)
-    d_k_new, d_v_new = read_kv_reference(g_k, g_v, starts, k_new.shape[1], keys_transposed)
-    return d_k_buf, d_v_buf, d_k_new, d_v_new, None
-
-
-_differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
+register_backend("cache_write", Backend("cpu_kernel", _kernel, platforms=("cpu",), takes=_takes,
+                                        available=build.available))

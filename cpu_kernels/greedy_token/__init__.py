@@ -3,7 +3,8 @@ NaN counting as the largest (jnp.argmax's rule), in one vectorised pass over the
 
 Its point is speed: XLA:CPU runs the reference's two reductions (the max, then the first index holding it) at
 several times the time of reading the logits, which a verify pass's B x (k + 1) rows of a vocabulary make
-milliseconds. Its result is the reference's exactly (an index, no rounding).
+milliseconds. Its result is specjax.ops.greedy_token_reference's exactly (an index, no rounding).
+Registered as the "cpu_kernel" backend of specjax.ops.greedy_token (no gradient: an index has none).
 """
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cpu_kernels import build
-from cpu_kernels.greedy_token.reference import greedy_token_reference
 from cpu_kernels.small_m_matmul import cores
+from specjax.ops import Backend, register_backend
 
-__all__ = ["greedy_token", "greedy_token_cpu", "greedy_token_reference"]
-
-SWITCH = "SPECJAX_GREEDY_TOKEN_KERNEL"     # "0": XLA computes it (the reference)
+__all__ = ["greedy_token_cpu"]
 
 
 def greedy_token_cpu(logits: jax.Array) -> jax.Array:
@@ -32,10 +31,9 @@ def greedy_token_cpu(logits: jax.Array) -> jax.Array:
     return call(logits, parts=np.int64(cores()))
 
 
-def greedy_token(logits: jax.Array) -> jax.Array:
-    """greedy_token_reference's argument and result: the kernel on a CPU for float32, else the reference. An index
-    has no gradient: a differentiated caller's logits reach the kernel through stop_gradient."""
-    logits = jax.lax.stop_gradient(logits)
-    usable = (logits.dtype == jnp.float32 and logits.ndim >= 1 and logits.size > 0
-              and not build.turned_off(SWITCH))
-    return build.kernel_or_reference(greedy_token_cpu, greedy_token_reference, logits, usable=usable)
+def _takes(logits: jax.Array) -> bool:
+    return logits.dtype == jnp.float32 and logits.ndim >= 1 and logits.size > 0
+
+
+register_backend("greedy_token", Backend("cpu_kernel", greedy_token_cpu, platforms=("cpu",), takes=_takes,
+                                         available=build.available, gradient=False))

@@ -2,7 +2,8 @@
 
 Its point is speed: XLA:CPU's fused silu * up, with the split of its operand, took several times the kernel's vectors
 (one polynomial exp, a reciprocal estimate). An element's bits do not depend on the call (the kernel's exp and
-reciprocal are its own, a float32 ulp or so from XLA's: swiglu_reference's values within rounding).
+reciprocal are its own, a float32 ulp or so from XLA's: specjax.ops.swiglu_reference's values within rounding).
+Registered as the "cpu_kernel" backend of specjax.ops.swiglu.
 """
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ import numpy as np
 
 from cpu_kernels import build
 from cpu_kernels.small_m_matmul import cores
-from cpu_kernels.swiglu.reference import swiglu_reference
+from specjax.ops import Backend, register_backend
 
-__all__ = ["swiglu", "swiglu_cpu", "swiglu_reference"]
-
-SWITCH = "SPECJAX_SWIGLU_KERNEL"     # "0": XLA computes it (the reference)
+__all__ = ["swiglu_cpu"]
 
 
 def swiglu_cpu(gate_up: jax.Array) -> jax.Array:
@@ -31,26 +30,9 @@ def swiglu_cpu(gate_up: jax.Array) -> jax.Array:
     return call(gate_up, parts=np.int64(cores()))
 
 
-def swiglu(gate_up: jax.Array) -> jax.Array:
-    """swiglu_reference's argument and result: the kernel on a CPU for float32, else the reference. Gradients are
-    the reference's."""
-    usable = (gate_up.dtype == jnp.float32 and gate_up.ndim >= 1 and gate_up.shape[-1] % 2 == 0
-              and gate_up.shape[-1] > 0 and not build.turned_off(SWITCH))
-    return build.kernel_or_reference(_differentiable_kernel, swiglu_reference, gate_up, usable=usable)
+def _takes(gate_up: jax.Array) -> bool:
+    return (gate_up.dtype == jnp.float32 and gate_up.ndim >= 1 and gate_up.shape[-1] % 2 == 0
+            and gate_up.shape[-1] > 0)
 
 
-@jax.custom_vjp
-def _differentiable_kernel(gate_up):
-    return swiglu_cpu(gate_up)
-
-
-def _kernel_forward(gate_up):
-    return swiglu_cpu(gate_up), gate_up
-
-
-def _kernel_backward(gate_up, g):
-    _, pullback = jax.vjp(swiglu_reference, gate_up)
-    return pullback(g)
-
-
-_differentiable_kernel.defvjp(_kernel_forward, _kernel_backward)
+register_backend("swiglu", Backend("cpu_kernel", swiglu_cpu, platforms=("cpu",), takes=_takes, available=build.available))

@@ -7,13 +7,11 @@ later pass reads once an accepted path is committed. So a T = k + 1 verify pass 
 one-position steps give it, and greedy speculative decoding equals plain greedy decoding by construction, not by a
 float32 margin (XLA's dots and reductions sum in an order that follows the shapes).
 
-Semantics: pallas_kernels.verify_attention.reference (the same visibility: prefix, causal or tree mask, sliding
-window), up to float32 rounding; its exp is a polynomial of about 1 ulp. `attention` takes it where `applies` and
-the library is built, the reference elsewhere; gradients are the reference's.
+Semantics: specjax.ops.verify_attention_reference (the same visibility: prefix, causal or tree mask, sliding
+window), up to float32 rounding; its exp is a polynomial of about 1 ulp. Registered as the "cpu_kernel" backend of
+specjax.ops.attention, where `applies`.
 """
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,17 +19,13 @@ import numpy as np
 
 from cpu_kernels import build
 from cpu_kernels.small_m_matmul import cores
-from pallas_kernels.verify_attention.reference import verify_attention_reference
+from specjax.ops import Backend, register_backend
 
-__all__ = ["applies", "attention", "verify_attention_cpu"]
-
-SWITCH = "SPECJAX_VERIFY_ATTENTION_KERNEL"     # "0": XLA computes it (the reference)
+__all__ = ["applies", "verify_attention_cpu"]
 
 
 def applies(dtype, keys_transposed: bool) -> str | None:
     """Why the kernel cannot take this attention (None: it can). Static: the dtype and the key layout."""
-    if build.turned_off(SWITCH):
-        return "turned off by SPECJAX_VERIFY_ATTENTION_KERNEL=0"
     if not keys_transposed:
         return "keys stored [B, Hkv, S, D] (the kernel reads a CPU cache's slots-last keys)"
     if jnp.dtype(dtype) != jnp.float32:
@@ -73,38 +67,14 @@ def verify_attention_cpu(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, l
                 window=np.int64(sliding_window or 0), parts=np.int64(cores()))
 
 
-def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
-              mask: jax.Array | None = None, *, q_positions: jax.Array | None = None,
-              sliding_window: int | None = None, keys_transposed: bool = False) -> jax.Array:
-    """verify_attention_reference's arguments (keys [B, Hkv, D, S] when keys_transposed): the kernel on a CPU where
-    `applies`, else the reference. A CPU program lowered for another platform lowers the reference there."""
-    reference = functools.partial(verify_attention_reference, q_positions=q_positions,
-                                  sliding_window=sliding_window, keys_transposed=keys_transposed)
-    usable = k_cache.dtype == q.dtype == v_cache.dtype and applies(q.dtype, keys_transposed) is None
-    kernel = lambda q, k, v, lengths, mask: _kernel(q, k, v, lengths, mask, q_positions, sliding_window)
-    return build.kernel_or_reference(kernel, reference, q, k_cache, v_cache, lengths, mask, usable=usable)
+def _takes(q, k_cache, v_cache, lengths, mask, q_positions, *, sliding_window, keys_transposed) -> bool:
+    return k_cache.dtype == q.dtype == v_cache.dtype and applies(q.dtype, keys_transposed) is None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _kernel(q, k_cache, v_cache, lengths, mask, q_positions, sliding_window):
-    """The kernel forward, the reference's gradients (drafter training backpropagates through attention). Every
-    array is an argument: a custom_vjp function may not close over traced values."""
+def _kernel(q, k_cache, v_cache, lengths, mask, q_positions, *, sliding_window, keys_transposed) -> jax.Array:
     return verify_attention_cpu(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
                                 sliding_window=sliding_window)
 
 
-def _kernel_forward(q, k_cache, v_cache, lengths, mask, q_positions, sliding_window):
-    out = verify_attention_cpu(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
-                               sliding_window=sliding_window)
-    return out, (q, k_cache, v_cache, lengths, mask, q_positions)
-
-
-def _kernel_backward(sliding_window, residuals, g):
-    q, k_cache, v_cache, lengths, mask, q_positions = residuals
-    _, pullback = jax.vjp(lambda q, k, v: verify_attention_reference(
-        q, k, v, lengths, mask, q_positions=q_positions, sliding_window=sliding_window, keys_transposed=True),
-        q, k_cache, v_cache)
-    return (*pullback(g), None, None, None)
-
-
-_kernel.defvjp(_kernel_forward, _kernel_backward)
+register_backend("attention", Backend("cpu_kernel", _kernel, platforms=("cpu",), takes=_takes,
+                                      available=build.available))

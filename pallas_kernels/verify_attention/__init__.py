@@ -15,6 +15,8 @@ Returns out [B, T, Hq, D] in q's dtype, and with return_lse=True also lse [B, T,
 implementation: "xla" (the pure-jnp reference), "pallas" (by platform: gpu -> Triton kernel, tpu -> Mosaic kernel,
 cpu -> Triton kernel in generic interpret mode), "pallas_gpu", "pallas_tpu" (on CPU: TPU interpret mode).
 Columns at or past `lengths` are never read into the output, so they may hold anything (stale drafts, NaN).
+Registered as the "pallas" backend of specjax.ops.attention (picked per call by SpecConfig.implementation, or by
+SPECJAX_ATTENTION_BACKEND=pallas; never by "auto"); its gradient there is the op definition's.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.verify_attention.reference import MASK_VALUE, verify_attention_reference, visibility
+from specjax.ops import Backend, register_backend
+from specjax.ops.attention import MASK_VALUE, verify_attention_reference, visibility
 
 __all__ = ["MASK_VALUE", "verify_attention", "verify_attention_reference", "visibility", "validate_tree_mask",
            "validate_inputs", "IMPLEMENTATIONS"]
@@ -150,3 +153,18 @@ def verify_attention(q, k_cache, v_cache, lengths, mask=None, *, implementation:
         out, lse = verify_attention_tpu(q, k_cache, v_cache, lengths, mask, scale=scale, block_kv=block_kv or 512,
                                         interpret=interpret)
     return (out, lse) if return_lse else out
+
+
+def _takes(q, k_cache, v_cache, lengths, mask, q_positions, *, sliding_window, keys_transposed) -> bool:
+    return sliding_window is None                       # the kernels have no sliding window
+
+
+def _kernel(q, k_cache, v_cache, lengths, mask, q_positions, *, sliding_window, keys_transposed,
+            implementation: str = "pallas") -> jax.Array:
+    # The kernels read [S, D] tiles; a CPU cache keeps its keys transposed, so interpreting a kernel there reads a
+    # transposed copy (on accelerators the cache is in the kernels' layout).
+    keys = jnp.swapaxes(k_cache, 2, 3) if keys_transposed else k_cache
+    return verify_attention(q, keys, v_cache, lengths, mask, implementation=implementation)
+
+
+register_backend("attention", Backend("pallas", _kernel, platforms=None, takes=_takes, auto=False))

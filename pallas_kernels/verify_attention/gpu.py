@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from pallas_kernels.verify_attention.reference import MASK_VALUE
+from specjax.ops.attention import MASK_VALUE
 
 
 def _next_pow2(x: int) -> int:

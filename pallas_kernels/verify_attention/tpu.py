@@ -22,7 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.verify_attention.reference import MASK_VALUE
+from specjax.ops.attention import MASK_VALUE
 
 _LANES = 128
 

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels.small_m_matmul import matmul
+from specjax.ops import linear
 from specjax.cache import KVCache
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
@@ -132,16 +132,16 @@ def _inv_freq(cfg: DFlashConfig) -> jax.Array:
 
 def context_features(params: dict, cfg: DFlashConfig, layer_hidden: Sequence[jax.Array]) -> jax.Array:
     """The target's layer outputs (each [B, T, H_t], in cfg.target_layers' order) -> context features [B, T, H]."""
-    feats = matmul(jnp.concatenate(list(layer_hidden), -1), params["fc"])
+    feats = linear(jnp.concatenate(list(layer_hidden), -1), params["fc"])
     return rms_norm(feats, params["hidden_norm"], cfg.rms_norm_eps)
 
 
 def context_kv(lp: dict, cfg: DFlashConfig, feats: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One layer's keys / values of context features [B, T, H] at positions [B, T] -> [B, T, Hkv, D] each."""
     B, T = feats.shape[:2]
-    k = matmul(feats, lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    k = linear(feats, lp["wk"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
     k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
-    v = matmul(feats, lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    v = linear(feats, lp["wv"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
     return apply_rope(k, positions, _inv_freq(cfg)), v
 
 
@@ -157,18 +157,18 @@ def block_forward(params: dict, cfg: DFlashConfig, x: jax.Array, positions: jax.
     S = ctx_visible.shape[1]
     for lp, k_c, v_c in zip(params["layers"], ctx_k, ctx_v):
         h = rms_norm(x, lp["attn_norm"], eps)
-        q = apply_rope(rms_norm(matmul(h, lp["wq"]).reshape(B, T, Hq, D), lp["q_norm"], eps), positions, inv)
-        k_b = apply_rope(rms_norm(matmul(h, lp["wk"]).reshape(B, T, Hkv, D), lp["k_norm"], eps), positions, inv)
-        v_b = matmul(h, lp["wv"]).reshape(B, T, Hkv, D)
+        q = apply_rope(rms_norm(linear(h, lp["wq"]).reshape(B, T, Hq, D), lp["q_norm"], eps), positions, inv)
+        k_b = apply_rope(rms_norm(linear(h, lp["wk"]).reshape(B, T, Hkv, D), lp["k_norm"], eps), positions, inv)
+        v_b = linear(h, lp["wv"]).reshape(B, T, Hkv, D)
         qg = q.reshape(B, T, Hkv, group, D) / math.sqrt(D)
         s_ctx = jnp.einsum("btkgd,bksd->bkgts", qg, k_c)                   # [B, Hkv, group, T, S]
         s_ctx = jnp.where(ctx_visible[:, None, None, None, :], s_ctx, -jnp.inf)
         s_blk = jnp.einsum("btkgd,bukd->bkgtu", qg, k_b)                    # the block sees itself whole
         p = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], -1), -1)
         o = jnp.einsum("bkgts,bksd->btkgd", p[..., :S], v_c) + jnp.einsum("bkgtu,bukd->btkgd", p[..., S:], v_b)
-        x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
+        x = x + linear(o.reshape(B, T, Hq * D), lp["wo"])
         h = rms_norm(x, lp["mlp_norm"], eps)
-        x = x + matmul(jax.nn.silu(matmul(h, lp["w_gate"])) * matmul(h, lp["w_up"]), lp["w_down"])
+        x = x + linear(jax.nn.silu(linear(h, lp["w_gate"])) * linear(h, lp["w_up"]), lp["w_down"])
     return rms_norm(x, params["final_norm"], eps)
 
 
@@ -176,7 +176,7 @@ def draft_logits(params: dict, cfg: DFlashConfig, hidden: jax.Array, target_lm_h
     """Final-normed block hidden [..., H] -> float32 logits [..., N] over the draft vocabulary (the drafter's own
     head), or [..., V] through the target's LM head when it has none. Drafting and training share it."""
     if cfg.draft_vocab_size is not None:
-        return matmul(hidden, params["lm_head"].astype(hidden.dtype)).astype(jnp.float32)
+        return linear(hidden, params["lm_head"].astype(hidden.dtype)).astype(jnp.float32)
     # the target's head as given (a tied head is embed.T: XLA's dot reads it in place, a kernel call would copy it)
     return (hidden @ target_lm_head.astype(hidden.dtype)).astype(jnp.float32)
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from cpu_kernels.small_m_matmul import matmul
+from specjax.ops import linear
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
 from specjax.drafters.base import Context, Draft, block_draft, pick_tokens
@@ -107,7 +107,7 @@ def head_logits(params: dict, hidden: jax.Array, lm_head: jax.Array | None = Non
         return (x @ lm_head).astype(jnp.float32)
     if params["proj"].ndim == 3:                              # per-head LM heads: K separate projections
         return jnp.einsum("...kh,khv->...kv", x, params["proj"]).astype(jnp.float32)
-    return matmul(x, params["proj"].astype(x.dtype)).astype(jnp.float32)   # one shared projection, K rows at once
+    return linear(x, params["proj"].astype(x.dtype)).astype(jnp.float32)   # one shared projection, K rows at once
 
 
 @dataclasses.dataclass(frozen=True)

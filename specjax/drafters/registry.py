@@ -3,7 +3,9 @@
 A drafter module calls `register(DrafterSpec(...))` at import time. The spec names the method (vLLM's name where
 vLLM has one), the SpecConfig fields it reads, its own options (`SpecConfig(drafter_options={...})`), whether it
 drafts token trees, how to build it from what the user passed as `drafter=`, and how its params are laid out on
-a ("data", "model") mesh. SpecConfig validation, `generate()`, the experiments' cost measurement and sharding all
+a ("data", "model") mesh. `resolve(config)` checks a SpecConfig against its method and completes it (SpecConfig
+itself checks only what holds whatever the method, and imports nothing of the drafters); `generate()` and
+`prepare()` resolve every config first. Resolving, `generate()`, the experiments' cost measurement and sharding all
 go through `get(method)`; no other code branches on method names.
 
 Modules inside the specjax.drafters package are discovered on the first lookup, so adding a drafter is adding
@@ -16,12 +18,10 @@ import importlib
 import os
 import pkgutil
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
+from specjax.config import MAX_SPECULATIVE_TOKENS, SpecConfig
 from specjax.models.model import Model
-
-if TYPE_CHECKING:   # type hints only: specjax.config validates against this registry, so it imports this module
-    from specjax.config import SpecConfig
 
 # Fields every method reads: the loop's own settings.
 COMMON_FIELDS = ("method", "num_speculative_tokens", "temperature", "top_k", "top_p", "max_new_tokens",
@@ -44,10 +44,10 @@ class Option(NamedTuple):
 
 
 class BuildRequest(NamedTuple):
-    """What a builder gets: the validated config, the target, the user's `drafter=` argument (for a method with
-    an artifact, already loaded by build(): a directory or shipped name arrives as the loaded artifact;
-    predictions, ... or None otherwise), the prompts as token ids, and the length of the loop's token/KV
-    buffers."""
+    """What a builder gets: the resolved config (resolve()), the target, the user's `drafter=` argument (for a
+    method with an artifact, already loaded by build(): a directory or shipped name arrives as the loaded
+    artifact; predictions, ... or None otherwise), the prompts as token ids, and the length of the loop's
+    token/KV buffers."""
     config: SpecConfig
     target: Model
     drafter: Any
@@ -80,17 +80,20 @@ class DrafterSpec:
     param_specs: Callable[[Any, Any, Any], Any] | None = None
     # True: every params leaf has a leading per-request dim (padded with the batch, split over "data").
     per_request_params: bool = False
-    validate: Callable[[Any], None] | None = None    # extra checks on a SpecConfig for this method
-    # (SpecConfig) -> k, for a method whose drafter_options fix the tokens drafted per step (lookahead:
-    # (W + G)(N - 1)). SpecConfig then derives k when num_speculative_tokens is unset and refuses one that
-    # disagrees. None: k is num_speculative_tokens (or the tree's nodes).
-    derive_k: Callable[[Any], int] | None = None
+    # extra checks on a SpecConfig for this method, run by resolve() on the config with every option filled in
+    # (config.option works; config.k does too unless derive_k has yet to fix it)
+    validate: Callable[[SpecConfig], None] | None = None
+    # (SpecConfig, every option filled in) -> k, for a method whose drafter_options fix the tokens drafted per
+    # step (lookahead: (W + G)(N - 1)). resolve() then fills num_speculative_tokens in when unset and refuses one
+    # that disagrees. None: k is num_speculative_tokens (or the tree's nodes).
+    derive_k: Callable[[SpecConfig], int] | None = None
     # (BuildRequest, outputs: one token-id list per request) -> None, called by generate() after decoding: how a
     # drafter learns across calls (suffix decoding's global cache of earlier outputs). None: nothing to learn.
     finish: Callable[[BuildRequest, list], None] | None = None
-    # k -> the narrower verify passes SpecConfig.verify_widths defaults to, for a drafter whose proposals' length
-    # varies from step to step (suffix decoding's: with the matched suffix); each width is one more compiled copy
-    # of the step, so an all-or-nothing proposer (prompt lookup) leaves it None: every pass verifies k.
+    # k -> the narrower verify passes resolve() sets an unset SpecConfig.verify_widths to, for a drafter whose
+    # proposals' length varies from step to step (suffix decoding's: with the matched suffix); each width is one
+    # more compiled copy of the step, so an all-or-nothing proposer (prompt lookup) leaves it None: every pass
+    # verifies k.
     verify_widths: Callable[[int], tuple[int, ...]] | None = None
 
     @property
@@ -153,6 +156,89 @@ def get(method: str) -> DrafterSpec:
         broken = "".join(f"; drafter module {m!r} failed to import: {e}" for m, e in _BROKEN.items())
         raise ValueError(f"unknown speculative method {method!r}; choose one of {methods()}{broken}")
     return _REGISTRY[method]
+
+
+def resolve(config: SpecConfig) -> SpecConfig:
+    """Check a SpecConfig against its method and complete it: the method registered; every field it sets read by
+    the method (one it does not read would be silently ignored); drafter_options declared by the method and
+    valid; a tree only for a method that drafts trees; k given where the method needs it; the method's own
+    checks (DrafterSpec.validate); and each config a draft_len_schedule runs. -> the config completed (equal for
+    equal input: it is the compiled loop's static argument): drafter_options holding every declared option
+    (defaults filled in) as sorted items, num_speculative_tokens set where the options fix k (derive_k),
+    verify_widths the method's default where unset. Resolving a resolved config returns it unchanged.
+    generate() and prepare() resolve their config first; code that builds a drafter from a config does too."""
+    if not isinstance(config, SpecConfig):
+        raise TypeError(f"resolve() takes a SpecConfig, got {type(config).__name__}")
+    spec = get(config.method)
+    _check_fields(config, spec)
+    options = _resolve_options(config, spec)
+    if config.is_tree and not spec.trees:
+        raise ValueError(f"method={config.method!r} cannot draft token trees; methods that can: {tree_methods()}")
+    k = config.num_speculative_tokens
+    if not config.is_tree:
+        if not spec.speculates:
+            if k not in (None, 0):
+                raise ValueError(f"method={config.method!r} takes no num_speculative_tokens (got {k})")
+        elif k is not None or spec.derive_k is None:
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+                raise ValueError(f"num_speculative_tokens (k) must be an int in [1, {MAX_SPECULATIVE_TOKENS}] "
+                                 f"for method={config.method!r}, got {k!r}")
+    if config.acceptance_method == "typical_lossy" and not spec.speculates:
+        raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
+    out = dataclasses.replace(config, drafter_options=options)
+    if spec.validate is not None:
+        spec.validate(out)
+    if spec.derive_k is not None:
+        derived = spec.derive_k(out)
+        if not 1 <= derived <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"method={config.method!r}: its drafter_options fix k = {derived} tokens per step, "
+                             f"outside [1, {MAX_SPECULATIVE_TOKENS}]")
+        if k is not None and k != derived:
+            raise ValueError(f"num_speculative_tokens={k} disagrees with k = {derived}, fixed by the "
+                             f"drafter_options of method={config.method!r}; leave num_speculative_tokens unset (it "
+                             f"is derived) or set it to {derived}")
+        if not out.is_tree and k is None:       # the k-dependent checks of SpecConfig run again, with k known
+            out = dataclasses.replace(out, num_speculative_tokens=derived)
+    if out.verify_widths is None and spec.verify_widths is not None and not out.is_tree and out.k:
+        out = dataclasses.replace(out, verify_widths=spec.verify_widths(out.k))     # the method's default
+    for b, _ in out.draft_len_schedule or ():   # every scheduled k must make a valid config for this method
+        try:
+            resolve(out.for_batch(b))
+        except ValueError as e:
+            raise ValueError(f"draft_len_schedule: the config for batches up to {b}: {e}") from None
+    return out
+
+
+def _check_fields(config: SpecConfig, spec: DrafterSpec) -> None:
+    """A field the method does not read would be silently ignored: refuse it."""
+    for f in dataclasses.fields(config):
+        if f.name in spec.fields or f.name in TREE_FIELDS:     # trees get their own message
+            continue
+        if getattr(config, f.name) != f.default:
+            own = spec.reads + (TREE_FIELDS if spec.trees else ())
+            raise ValueError(f"{f.name} is not used by method={config.method!r} (it reads "
+                             f"{', '.join(own) or 'only the common fields'}); "
+                             f"remove it or pick a method that reads it")
+
+
+def _resolve_options(config: SpecConfig, spec: DrafterSpec) -> tuple | None:
+    """The config's drafter_options checked against the method's declaration, with every declared option's
+    default filled in -> sorted (name, value) items (None: the method declares none)."""
+    given = dict(config.drafter_options or ())      # SpecConfig stores them as sorted items
+    for name, value in given.items():
+        if name not in spec.options:
+            raise ValueError(f"method={config.method!r} has no option {name!r}; its options are "
+                             f"{sorted(spec.options) or 'none'}")
+        opt = spec.options[name]
+        try:
+            ok = opt.check(value)
+        except Exception:                               # a malformed value fails the check, not the caller
+            ok = False
+        if not ok:
+            raise ValueError(f"drafter option {name}={value!r} for method={config.method!r}: {opt.help}")
+    full = {name: given.get(name, opt.default) for name, opt in spec.options.items()}
+    full = {name: tuple(v) if isinstance(v, list) else v for name, v in full.items()}   # hashable: a static arg
+    return tuple(sorted(full.items())) or None
 
 
 def build(req: BuildRequest) -> tuple[Any, Any]:

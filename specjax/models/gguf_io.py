@@ -23,9 +23,9 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from cpu_kernels.small_m_matmul import Q4_1Matrix, Q8_0Matrix
 from specjax.models.config import ModelConfig, float32_decimal
 from specjax.models.hf_io import save_pretrained
+from specjax.models.weights import Q4_1Matrix, Q8_0Matrix
 
 # Tensor types read (dequantized to float32); others are refused by name.
 READ_TYPES = tuple(GGMLQuantizationType[n] for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",

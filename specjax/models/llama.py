@@ -6,7 +6,7 @@ the T new tokens are written into the KV cache at each row's `cache.lengths` and
 params = {"embed": [V, H], "layers": [{attn_norm [H], wq [H, Hq*D], wk/wv [H, Hkv*D], (bq, bk, bv),
           wo [Hq*D, H], mlp_norm [H], w_gate/w_up [H, I], w_down [I, H]}, ...], "final_norm": [H],
           "lm_head": [H, V] (absent when tied)}
-With load_model(weight_format="gguf") a layer holds its matrices as cpu_kernels.small_m_matmul.Q4_1Matrix blocks,
+With load_model(weight_format="gguf") a layer holds its matrices as specjax.models.weights.Q4_1Matrix blocks,
 the projections fused: wqkv [H, (Hq + 2 Hkv) D] in place of wq, wk, wv and w_gate_up [H, 2 I] in place of w_gate,
 w_up (fewer, wider products; each column computed as in its own matrix), and "embed_blocks" (a Q8_0Matrix of embed's
 values) may serve as the tied LM head.
@@ -22,12 +22,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from cpu_kernels.rms_norm import rms_norm as cpu_rms_norm
-from cpu_kernels.rope import rope, rope_qkv
-from cpu_kernels.small_m_matmul import matmul
-from cpu_kernels.swiglu import swiglu
-from cpu_kernels.verify_attention import attention as cpu_attention
-from pallas_kernels.verify_attention import verify_attention
+from specjax import ops
 from specjax.cache import GroupedKVCache, KVCache
 from specjax.models.config import ModelConfig
 
@@ -41,8 +36,8 @@ class ForwardOut(NamedTuple):
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """On a CPU the fixed-order kernel (a row's bits whatever the batch), else XLA's."""
-    return cpu_rms_norm(x, w, eps)
+    """The RMS norm op (specjax.ops.rms_norm)."""
+    return ops.rms_norm(x, w, eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
@@ -68,27 +63,23 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x [B, T, H, D], positions [B, T]; HF's rotate-half convention (on a CPU the fixed-order kernel: a position's
-    vector the same bits in a verify pass as in a decode step)."""
-    return rope(x, positions, inv_freq)
+    """x [B, T, H, D], positions [B, T]; HF's rotate-half convention (specjax.ops.rope)."""
+    return ops.rope(x, positions, inv_freq)
 
 
 def attention(q, cache: KVCache | GroupedKVCache, layer: int, lengths, mask, *, implementation: str, q_positions,
               sliding_window):
-    """q [B, T, Hq, D] over cache layer `layer` with the verify-attention implementation. Lengths include the T
-    new entries. A grouped cache: each group's queries over its own (narrower) buffer."""
+    """q [B, T, Hq, D] over cache layer `layer` (specjax.ops.attention; implementation: SpecConfig's). Lengths
+    include the T new entries. A grouped cache: each group's queries over its own (narrower) buffer."""
     if isinstance(cache, GroupedKVCache):
         shared_mask = mask is None or mask.ndim == 2             # causal, or one [T, T] tree mask for every row
         def one_group(part, q, lengths, q_positions, row_mask):
             return attention(q, part, layer, lengths, mask if shared_mask else row_mask,
                              implementation=implementation, q_positions=q_positions, sliding_window=sliding_window)
         return cache.per_group(one_group, q, lengths, q_positions, None if shared_mask else mask)
-    if implementation == "xla" or sliding_window is not None:      # on a CPU, the fixed-order kernel where it applies
-        return cpu_attention(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
-                             sliding_window=sliding_window, keys_transposed=cache.keys_transposed)
-    # The kernels read [S, D] tiles; a CPU cache keeps its keys transposed, so interpreting a kernel there reads a
-    # transposed copy (on accelerators the cache is in the kernels' layout).
-    return verify_attention(q, cache.keys(layer), cache.v[layer], lengths, mask, implementation=implementation)
+    return ops.attention(q, cache.k[layer], cache.v[layer], lengths, mask, q_positions=q_positions,
+                         sliding_window=sliding_window, keys_transposed=cache.keys_transposed,
+                         implementation=implementation)
 
 
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, cache: KVCache | GroupedKVCache, *,
@@ -140,12 +131,12 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
         inv_freq = rope_inv_freq(cfg)
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     if "wqkv" in lp:                   # fused (panels, quantized): one product, its columns those of wq | wk | wv
-        qkv = matmul(h, lp["wqkv"])                                      # [B, T, (Hq + 2 Hkv) D]
+        qkv = ops.linear(h, lp["wqkv"])                                      # [B, T, (Hq + 2 Hkv) D]
         if cfg.attention_bias:
             qkv = qkv + jnp.concatenate([lp["bq"], lp["bk"], lp["bv"]], axis=-1)
-        q, k, v = rope_qkv(qkv, positions, inv_freq, Hq, Hkv)           # q [B, T, Hq, D], k and v [B, T, Hkv, D]
+        q, k, v = ops.rope_qkv(qkv, positions, inv_freq, Hq, Hkv)           # q [B, T, Hq, D], k and v [B, T, Hkv, D]
     else:
-        q, k, v = matmul(h, lp["wq"]), matmul(h, lp["wk"]), matmul(h, lp["wv"])
+        q, k, v = ops.linear(h, lp["wq"]), ops.linear(h, lp["wk"]), ops.linear(h, lp["wv"])
         if cfg.attention_bias:
             q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
         q = apply_rope(q.reshape(B, T, Hq, D), positions, inv_freq)      # [B, T, Hq, D]
@@ -154,13 +145,13 @@ def decoder_layer(lp: dict, cfg: ModelConfig, x: jax.Array, positions: jax.Array
     cache = cache.write(index, k, v, cache.lengths)
     o = attention(q, cache, index, cache.lengths + T, mask, implementation=implementation,
                   q_positions=positions, sliding_window=cfg.sliding_window)
-    x = x + matmul(o.reshape(B, T, Hq * D), lp["wo"])
+    x = x + ops.linear(o.reshape(B, T, Hq * D), lp["wo"])
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if "w_gate_up" in lp:
-        gate_up = matmul(h, lp["w_gate_up"])                              # [B, T, 2 I]
+        gate_up = ops.linear(h, lp["w_gate_up"])                              # [B, T, 2 I]
     else:                              # side by side for the same SwiGLU: a row's bits whatever the weight format
-        gate_up = jnp.concatenate([matmul(h, lp["w_gate"]), matmul(h, lp["w_up"])], axis=-1)
-    return x + matmul(swiglu(gate_up), lp["w_down"]), cache
+        gate_up = jnp.concatenate([ops.linear(h, lp["w_gate"]), ops.linear(h, lp["w_up"])], axis=-1)
+    return x + ops.linear(ops.swiglu(gate_up), lp["w_down"]), cache
 
 
 def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> jax.Array:
@@ -168,13 +159,13 @@ def lm_head(params: dict, hidden: jax.Array, vocab_size: int | None = None) -> j
     than masked, so that every later shape, reduction over the vocabulary and random draw is the one-device one
     (a wider distribution, even one with zeros in its padding, could round or draw differently)."""
     if "lm_head" in params:
-        logits = matmul(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
+        logits = ops.linear(hidden, params["lm_head"]).astype(jnp.float32)                    # [..., Vp]
     elif "head_panels" in params:      # the tied embedding's transpose in panels (load_model's panels format)
-        logits = matmul(hidden, params["head_panels"])
+        logits = ops.linear(hidden, params["head_panels"])
     elif "embed_blocks" in params:     # the tied embedding's quantized blocks (the same values as embed)
-        logits = matmul(hidden, params["embed_blocks"], transposed=True)
+        logits = ops.linear(hidden, params["embed_blocks"], transposed=True)
     else:
-        logits = matmul(hidden, params["embed"], transposed=True).astype(jnp.float32)     # tied: embed.T
+        logits = ops.linear(hidden, params["embed"], transposed=True).astype(jnp.float32)     # tied: embed.T
     return logits if vocab_size is None or logits.shape[-1] == vocab_size else logits[..., :vocab_size]
 
 

@@ -10,10 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from cpu_kernels import build
-from specjax import checkpoints
+from specjax import checkpoints, ops
 from specjax.models.config import ModelConfig
-from cpu_kernels.small_m_matmul import PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix
+from specjax.models.weights import PanelMatrix, Q4_1Int8Matrix, Q4_1Matrix, Q8_0Int8Matrix, Q8_0Matrix
 from specjax.models.gguf_io import convert_gguf, gguf_blocks
 from specjax.models.hf_io import load_chat_template, load_pretrained, save_pretrained
 from specjax.models.llama import full_logits
@@ -84,7 +83,7 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
     and generate(mesh=...) places it, dims the axis does not divide replicated).
     weight_format: "auto" (the default): "panels" where the CPU kernel computes the products (a CPU backend, the
     kernels built and on, float32, no mesh), else "float32". "float32": row-major arrays. "panels": the same
-    values, each decoder-layer matrix rearranged for the CPU kernel (cpu_kernels.small_m_matmul.PanelMatrix: each
+    values, each decoder-layer matrix rearranged for the CPU kernel (specjax.models.weights.PanelMatrix: each
     half of its rows in 16-column panels, so that a core streams one contiguous block where a row-major matrix puts
     a strip's rows a page apart) and q/k/v and gate/up fused into one product each: the float32 model's hidden states
     bit for bit wherever the kernel computes them (up to 1024 rows a call: a training batch runs XLA's dot over the
@@ -133,10 +132,9 @@ def load_model(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Mesh | 
 
 
 def panels_apply() -> bool:
-    """Whether the CPU kernel computes this process's products (what weight_format="auto" reads): the default
-    backend a CPU, the kernels built, SPECJAX_SMALL_M_MATMUL not 0."""
-    return (jax.default_backend() == "cpu" and not build.turned_off("SPECJAX_SMALL_M_MATMUL")
-            and build.load() is not None)
+    """Whether the CPU kernel computes this process's products (what weight_format="auto" reads): the linear op's
+    backend in force is cpu_kernels' on this platform (specjax.settings), and the kernels are built."""
+    return ops.selects("linear", "cpu_kernel")
 
 
 def to_panels(params: dict) -> dict:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cpu_kernels.small_m_matmul import matmul
+from specjax.ops import linear
 from specjax.drafters.eagle.config import EagleConfig
 from specjax.models.config import ModelConfig
 from specjax.models.llama import apply_rope, rms_norm, rope_inv_freq
@@ -17,7 +17,7 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def _mlp(lp: dict, x: jax.Array) -> jax.Array:
-    return matmul(jax.nn.silu(matmul(x, lp["w_gate"])) * matmul(x, lp["w_up"]), lp["w_down"])
+    return linear(jax.nn.silu(linear(x, lp["w_gate"])) * linear(x, lp["w_up"]), lp["w_down"])
 
 
 def layer_inputs(params: dict, config: EagleConfig, emb: jax.Array,
@@ -25,7 +25,7 @@ def layer_inputs(params: dict, config: EagleConfig, emb: jax.Array,
     """(embeddings, hidden inputs) [B, T, H] -> (residual [B, T, H], attention input [B, T, Hin])."""
     lp, eps = params["layer"], config.layer.rms_norm_eps
     if config.kind == "eagle":
-        x = matmul(jnp.concatenate([emb, hid], -1), params["fc_w"]) + params["fc_b"]
+        x = linear(jnp.concatenate([emb, hid], -1), params["fc_w"]) + params["fc_b"]
         return x, x                                                   # no input norm on the reference's layer 0
     hn = rms_norm(hid, lp["hidden_norm"], eps)
     resid = hn if config.norm_before_residual else hid
@@ -36,7 +36,7 @@ def project_qkv(lp: dict, c: ModelConfig, x: jax.Array,
                 positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Attention input x [B, T, Hin] at RoPE positions [B, T] -> q [B, T, Hq, D], k and v [B, T, Hkv, D]."""
     B, T = x.shape[:2]
-    q, k, v = matmul(x, lp["wq"]), matmul(x, lp["wk"]), matmul(x, lp["wv"])
+    q, k, v = linear(x, lp["wq"]), linear(x, lp["wk"]), linear(x, lp["wv"])
     if "bq" in lp:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     inv = rope_inv_freq(c)
@@ -49,7 +49,7 @@ def layer_output(params: dict, config: EagleConfig, resid: jax.Array, attn: jax.
     """attn [B, T, Hq*D] (before o_proj) -> the layer output [B, T, H]: what draft_logits reads and the next draft
     step's hidden input (pre-norm; EAGLE-3.1 norm_output: after final_norm)."""
     lp = params["layer"]
-    x = resid + matmul(attn, lp["wo"])
+    x = resid + linear(attn, lp["wo"])
     out = x + _mlp(lp, rms_norm(x, lp["mlp_norm"], config.layer.rms_norm_eps))
     return rms_norm(out, params["final_norm"], config.layer.rms_norm_eps) if config.norm_output else out
 
@@ -97,7 +97,7 @@ def project_features(params: dict, config: EagleConfig, features) -> jax.Array:
     features = [f.astype(dtype) for f in features]
     if config.fc_norm:
         features = [rms_norm(f, w, config.layer.rms_norm_eps) for f, w in zip(features, params["fc_norm"])]
-    return matmul(jnp.concatenate(features, -1), params["fc_w"])
+    return linear(jnp.concatenate(features, -1), params["fc_w"])
 
 
 def draft_logits(params: dict, config: EagleConfig, hidden: jax.Array, target_weights=None) -> jax.Array:
@@ -108,7 +108,7 @@ def draft_logits(params: dict, config: EagleConfig, hidden: jax.Array, target_we
             raise ValueError("EAGLE-1 drafts through the target's LM head: pass target_weights={'lm_head': ...}")
         return (hidden @ target_weights["lm_head"]).astype(jnp.float32)
     h = hidden if config.norm_output else rms_norm(hidden, params["final_norm"], config.layer.rms_norm_eps)
-    return matmul(h, params["lm_head"]).astype(jnp.float32)
+    return linear(h, params["lm_head"]).astype(jnp.float32)
 
 
 def forward_sequence(params: dict, config: EagleConfig, tokens: jax.Array, features,

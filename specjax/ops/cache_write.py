@@ -1,8 +1,12 @@
-"""Pure-jnp KV cache write: the semantics of the CPU kernel and the cache's path everywhere else."""
+"""The cache-write op: one layer's new keys and values into its KV cache buffers, at each row's own offset."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from specjax.ops import backends
+
+__all__ = ["block_index", "read_kv_reference", "write_kv", "write_kv_reference"]
 
 
 def write_kv_reference(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: jax.Array, starts: jax.Array,
@@ -40,3 +44,10 @@ def _indices(batch_positions: tuple[int, int], size: int, starts: jax.Array, key
     rows = jnp.arange(B)[:, None]                                                       # [B, 1]
     slots = jnp.clip(starts, 0, size - T)[:, None] + jnp.arange(T)[None, :]             # [B, T]
     return tuple(block_index(rows, slots, keys, keys_transposed) for keys in (True, False))
+
+
+def write_kv(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: jax.Array, starts: jax.Array,
+             keys_transposed: bool) -> tuple[jax.Array, jax.Array]:
+    """write_kv_reference's arguments and result, in place under jit."""
+    return backends.call("cache_write", write_kv_reference, k_buf, v_buf, k_new, v_new, starts,
+                         keys_transposed=keys_transposed)

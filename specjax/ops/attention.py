@@ -1,14 +1,23 @@
-"""Pure-jnp verify attention: the semantics every kernel must match, and the XLA path of the model.
+"""The attention op over a KV cache: T new query positions per row (a decode step, a verify chain or a tree's
+nodes) against the cache they were just written into.
 
 T new query positions per row attend to a KV cache whose first `lengths[b]` slots are valid and whose LAST T valid
 slots (lengths - T .. lengths - 1) hold the new positions' own keys/values. Columns below `lengths - T` (the
 committed prefix) are always visible; the last T columns are visible through `mask` (causal when None, a tree
 ancestor mask otherwise); columns at or past `lengths` are never read (they may hold stale drafts or NaN).
+verify_attention_reference is the definition every backend matches: cpu_kernels registers a fixed-order CPU kernel
+(the same bits for a position whatever T), pallas_kernels the fused Pallas kernels for GPU and TPU (chosen per
+call by SpecConfig.implementation, or by the settings).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from specjax.ops import backends
+
+__all__ = ["FORMULATIONS", "MASK_VALUE", "attention", "attention_reference", "verify_attention_reference",
+           "visibility"]
 
 # Large negative instead of -inf so that a fully masked row gives exp(0 - 0) style finite math, never inf - inf.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -123,3 +132,27 @@ def verify_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
         return out
     lse = (m + jnp.log(jnp.where(l == 0, 1.0, l)))[..., 0]                   # [B, Hkv, M]
     return out, lse.reshape(B, Hkv, group, T).transpose(0, 3, 1, 2).reshape(B, T, Hq)
+
+
+def attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+                        mask: jax.Array | None = None, q_positions: jax.Array | None = None, *,
+                        sliding_window: int | None = None, keys_transposed: bool = False) -> jax.Array:
+    """The op's definition with its arguments in the op's order: verify_attention_reference."""
+    return verify_attention_reference(q, k_cache, v_cache, lengths, mask, q_positions=q_positions,
+                                      sliding_window=sliding_window, keys_transposed=keys_transposed)
+
+
+def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+              mask: jax.Array | None = None, *, q_positions: jax.Array | None = None,
+              sliding_window: int | None = None, keys_transposed: bool = False,
+              implementation: str = "xla") -> jax.Array:
+    """q [B, T, Hq, D] over one cache layer (k_cache [B, Hkv, S, D], or [B, Hkv, D, S] when keys_transposed;
+    v_cache [B, Hkv, S, D]); lengths [B] valid slots, the T new ones included; mask None (causal) or a tree mask
+    [T, T] / [B, T, T]; q_positions [B, T] (for a sliding window) -> [B, T, Hq, D].
+    implementation (SpecConfig.implementation): "xla" leaves the choice to the settings; "pallas", "pallas_gpu",
+    "pallas_tpu" ask the Pallas backend and that lowering of it, where it takes the arguments."""
+    choice = None if implementation == "xla" else "pallas"
+    options = None if choice is None else {"implementation": implementation}
+    return backends.call("attention", attention_reference, q, k_cache, v_cache, lengths, mask, q_positions,
+                         choice=choice, options=options, sliding_window=sliding_window,
+                         keys_transposed=keys_transposed)
