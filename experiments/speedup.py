@@ -1,59 +1,13 @@
-"""The main experiment: speculative vs plain decoding on the same target, measured in one run, beside the analytic
-prediction from the measured alpha, draft cost c and verify-cost ratio.
+"""The main experiment: speculative vs plain decoding on the same target, measured side by side in one run, beside
+the analytic prediction from the measured alpha, draft cost c and verify-cost ratio (`make demo` runs it).
 
   python -m experiments.speedup                  # SmolLM2-135M: ngram and suffix on 3 chat sets, EAGLE-3 and DFlash
-  python -m experiments.speedup --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
-  PYTHONPATH=tests python -m experiments.speedup --drafter_modules=_repeat_last_drafter --runs=humaneval:repeat_last:2
+  python -m experiments.speedup --target=stdlib-target --drafters=draft_model=stdlib-draft \\
+      --runs=humaneval:draft_model:4,stdlib:ngram:8 --num_prompts=8
 
-Each run is prompt_set:method:k[:tree][:key=value ...], where tree is `dyn<D>x<K>` (an EAGLE-2-style dynamic tree
-of depth D, top-K children, k drafted nodes, pruned by cumulative draft log-probability), `static` (a fixed tree
-of k choices: two branches per node, rank-0-first), `medusa63` (Medusa's 63-node tree; k = 63) or `acc` (Medusa:
-the k-node tree that the heads' measured per-rank accuracies favour, from the artifact's MANIFEST). Tree and chain
-at the same k draft and verify the same number of tokens per step. Optional key=value fields: `target=` (a
-shipped name or directory: this row and its plain baseline run on that target), `drafter=` (the artifact, instead
-of --drafters), `label=` (the row's name), any SpecConfig field (e.g. acceptance_method=typical_lossy; a tuple
-as verify_widths=1/2/4), and any drafter option of the method (e.g.
-`humaneval:lookahead:16:window_size=4:ngram_size=3:guess_set_size=4`). For suffix decoding `drafter=` names its
-global cache (`humaneval2x:suffix:8:drafter=rep`: a fresh one per name).
-Prompts are decoded one at a time (batch 1), as in the papers' tables; the runs that share a prompt set and a
-plain baseline are timed side by side with that one baseline, in alternating rounds.
-
-Batch sweeps: `--batch_sizes=1,8,32,64` decodes, for each batch size B, the first B prompts of each run's set as ONE
-batch by plain decoding, by the run and by the dynamic policy, timed side by side (--rounds alternating rounds, the
-fastest of each), EOS ignored so every row generates max_new_tokens:
-
-  python -m experiments.speedup --batch_sizes=1,8,32,64 --runs=humaneval:draft_model:4,humaneval:ngram:4 \
-      --max_new_tokens=128 --rounds=4 --draft_len_schedule=1:k,ngram@1:k,ngram@8:2
-
-Columns: tokens/s of plain and speculative decoding, their ratio, alpha, tau (the rows' mean), batch tau (tokens
-per loop iteration: the batch steps together, so an iteration lasts until its slowest row is done), and the
-predicted ratio from costs measured at batch B and the run's buffer (experiments.costs: the prefill as generate()
-runs it, one target forward over 1 and over k + 1 positions, one proposal) and the run's loop iterations: for the
-whole call (prefills included, as timed) and for the loop alone (batch tau / (c_step + verify_cost)). A gap between
-measured and predicted is the loop's overhead at that batch size. Beside them: the roofline prediction
-(specjax.analysis.batch_roofline with this machine's measured matmul peak and read bandwidth, the run's alpha and
-draft cost), and the dynamic policy (--draft_len_schedule, e.g. 8:k = speculate with the run's k up to batch 8 and
-decode plainly beyond; --acceptance_rate_threshold: switch off when the batch's drafts stop being accepted); where
-it resolves to the fixed-k program or to plain decoding itself, its cell is that program's time (and plain decoding
-is timed a second time, to show how far two samples of one program disagree here). The table is printed again in
-the EAGLE-3 paper's batch-table layout.
-
---engine_overhead splits a row's step beyond its modelled propose + verify: the step's drafter and target work run
-in turn as the loop runs them, against the two timed apart (what the two models taking turns costs: where the
-weights fit in the caches, as the toy target's do, each evicts the other's), and the row's decode loop on its
-first prompt (or batch), less the same call generating one token, timed in the same rounds as that step: the
-loop's step over it is the engine's own overhead (acceptance, commits, bookkeeping), free of the machine's drift
-between the run and the cost measurements. A drafter that learns across calls (suffix) gets the first part only.
-
---profile adds where each loop iteration goes: the row's decode loop and its plain baseline run once more under
-jax.profiler (experiments.harness.loop_profile), CPU ms per iteration by XLA operation kind (--profile_by=signature:
-by kernel or opcode and result shape; --profile_by=part: by the step's part, proposal, target forward, acceptance,
-token and drafter commits, statistics and the loop's own control, which add up to the iteration), the prefill
-subtracted; printed under the row and stored in it (`profile`, `plain_profile`).
-
-Every row is written with experiments.tables.write_table (CSV + JSON, the command line, revision and date in its
-meta) under --out, default runs/speedup/speedup (batch 1) or runs/speedup/batch_scaling (--batch_sizes), with
-the figures beside it.
+A run is prompt_set:method:k[:tree][:key=value ...]; --batch_sizes sweeps batches with the dynamic policy,
+--engine_overhead splits a step into the models' work and the engine's own, --profile shows where each loop
+iteration goes. The manual (runs, columns, modes, output): docs/speedup.md.
 """
 from __future__ import annotations
 
