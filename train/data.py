@@ -328,6 +328,19 @@ def vocabulary_coverage(d2t: np.ndarray, rows, heldout, first_label: int, vocab_
 WIDTH_BUCKET = 64     # batches of chat rows are cut to a multiple of this many columns: a few compiled shapes
 
 
+def batch_tokens(batch) -> tuple[int, int]:
+    """(positions, label tokens) of a training batch: a plain [B, R] row or window array (every position after the
+    first predicts a label), LabeledRows (labels inside each row's span), or FeatureRows."""
+    if isinstance(batch, FeatureRows):
+        batch = batch.rows
+    if isinstance(batch, LabeledRows):
+        tokens = np.asarray(batch.tokens)
+        end = np.minimum(np.asarray(batch.label_end), tokens.shape[1])
+        return int(tokens.size), int(np.maximum(end - np.asarray(batch.first_label), 0).sum())
+    B, R = np.shape(batch)
+    return B * R, B * (R - 1)
+
+
 def bucketed_width(length: int, width: int, bucket: int = WIDTH_BUCKET) -> int:
     """The narrowest multiple of `bucket` columns that holds `length` positions, at most the rows' own `width`."""
     return int(min(-(-int(length) // bucket) * bucket, width))

@@ -43,6 +43,7 @@ import numpy as np
 from specjax.drafters import eagle
 from specjax.drafters.base import target_weight
 from train import data, self_distill, skeleton
+from train.losses.common import max_label_span
 from train.losses.eagle import eagle_accuracy, eagle_loss_fn
 
 flags.DEFINE_enum("kind", "eagle", eagle.KINDS, "eagle: EAGLE-1/2 drafter; eagle3: EAGLE-3 drafter "
@@ -194,7 +195,8 @@ def build(run: skeleton.Run) -> skeleton.Parts:
         params = init_drafter(F, target, cfg, d2t)
     batches = skeleton.feature_batches(run, batches, cfg.target_layers if is3 else ())
     loss_fn = eagle_loss_fn(tcfg, cfg, prompt_len, num_steps=ttt, step_decay=F.step_decay,
-                                   reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t)
+                            reg_weight=F.reg_weight, ce_weight=F.ce_weight, noise=noise, d2t=d2t,
+                            max_span=max_label_span(rows, prompt_len))
     accuracy = jax.jit(lambda p, frozen, r: eagle_accuracy(p, frozen, tcfg, cfg, r, prompt_len,
                                                                   F.eval_steps, d2t))
     n = F.eval_steps

@@ -250,3 +250,58 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
             metrics_file.close()
     return TrainResult(params, step, losses, start_step, elapsed_before + time.time() - t_train0,
                        stopped_by_budget)
+
+
+def profile_steps(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: TrainConfig, frozen: Any = None,
+                  steps: int = 4, tokens_of: Callable[[Any], tuple[int, int]] | None = None) -> dict:
+    """Where a training step's time goes, on the run's own batches (steps 0..steps-1, each timed once after a
+    compile on step 0's shapes; batches of other widths compile their own programs, untimed): the loss alone
+    (forward), its value and gradient (forward + backward), and the whole step (+ clipping and AdamW), each
+    with XLA's FLOP count of its compiled program, and the rates they give. tokens_of(batch) -> (positions the
+    step runs over, label tokens it trains on). One device (no mesh)."""
+    opt, _ = make_optimizer(cfg)
+    opt_state = opt.init(params)
+    extra = () if frozen is None else (frozen,)
+    rng = jax.random.PRNGKey(cfg.seed)
+    fwd = jax.jit(lambda p, b: loss_fn(p, b, rng, *extra)[0])
+    grad = jax.jit(lambda p, b: jax.value_and_grad(lambda q: loss_fn(q, b, rng, *extra)[0])(p))
+
+    def full(p, s, b):
+        loss, g = jax.value_and_grad(lambda q: loss_fn(q, b, rng, *extra)[0])(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s, loss
+    full = jax.jit(full)
+    parts = {"forward": (fwd, lambda b: (params, b)), "forward_backward": (grad, lambda b: (params, b)),
+             "step": (full, lambda b: (params, opt_state, b))}
+    out = {name: {"seconds": 0.0, "flops": 0.0} for name in parts}
+    positions = labels = 0
+    programs = {}                                                # (part, batch shapes) -> (compiled, flops)
+    for step in range(steps):
+        batch = jax.tree.map(jnp.asarray, batch_fn(step))
+        if tokens_of is not None:
+            p_, l_ = tokens_of(batch)
+            positions, labels = positions + p_, labels + l_
+        shapes = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch))
+        for name, (fn, args) in parts.items():
+            a = args(batch)
+            if (name, shapes) not in programs:
+                compiled = fn.lower(*a).compile()
+                cost = compiled.cost_analysis()
+                cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+                jax.block_until_ready(compiled(*a))              # warm
+                programs[name, shapes] = compiled, float(cost.get("flops", 0.0))
+            compiled, flops = programs[name, shapes]
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*a))
+            out[name]["seconds"] += time.perf_counter() - t0
+            out[name]["flops"] += flops
+    for name, r in out.items():
+        r["seconds_per_step"] = r["seconds"] / steps
+        r["gflop_per_s"] = r["flops"] / max(r["seconds"], 1e-9) / 1e9
+        if labels:
+            r["label_tokens_per_s"] = labels / max(r["seconds"], 1e-9)
+            r["positions_per_s"] = positions / max(r["seconds"], 1e-9)
+    out["steps"], out["positions_per_step"], out["labels_per_step"] = steps, positions / steps, labels / steps
+    out["backward_share"] = 1 - out["forward"]["seconds"] / max(out["forward_backward"]["seconds"], 1e-9)
+    out["optimizer_share"] = 1 - out["forward_backward"]["seconds"] / max(out["step"]["seconds"], 1e-9)
+    return out

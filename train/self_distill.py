@@ -38,6 +38,7 @@ import numpy as np
 
 import specjax
 from specjax import SpecConfig
+from specjax.planning import prompt_bucket
 from train import data
 
 DEFAULT_DIR = os.path.join("data", "selfdistill")
@@ -140,6 +141,9 @@ def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greed
     ones are those below greedy_fraction of the batch in each chunk (so any prefix of chunks has both kinds)."""
     os.makedirs(chunk_dir, exist_ok=True)
     width = max(len(p) for p in prompts) + new_tokens
+    # every chunk padded to the split's longest prompt and prefilled in one forward: one compiled program per
+    # temperature for the whole split (the outputs do not depend on the padding)
+    shape = dict(pad_to=prompt_bucket(max(len(p) for p in prompts)), prefill_groups=1)
     parts, t0, made = [], time.time(), 0
     for c, start in enumerate(range(0, len(prompts), batch)):
         path = os.path.join(chunk_dir, f"chunk{c:05d}.npz")
@@ -152,7 +156,7 @@ def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greed
                 if hi > lo:
                     cfg = SpecConfig(max_new_tokens=new_tokens, stop_at_eos=True, temperature=temp)
                     res = specjax.generate(target, block[lo:hi], cfg, seed=seed,
-                                           request_ids=list(range(start + lo, start + hi)))
+                                           request_ids=list(range(start + lo, start + hi)), **shape)
                     answers[lo:hi] = res.tokens
             for i, (p, a) in enumerate(zip(block, answers)):
                 rows[i, :len(p) + len(a)] = p + list(a)

@@ -74,6 +74,9 @@ _SHARED_FLAGS: dict[str, tuple[Callable, Any, str]] = {
     "export_only": (flags.DEFINE_bool, False, "skip training; export the newest checkpoint in --ckpt_dir"),
     "mesh": (flags.DEFINE_string, None, "DATAxMODEL, e.g. 2x4: train on a (data, model) mesh of that many devices "
                                         "(frozen target and Llama params split over model, batch over data)"),
+    "profile_steps": (flags.DEFINE_integer, 0, "measure where a training step's time goes on this many of the run's "
+                                              "batches (train.loop.profile_steps: forward, backward, optimizer, "
+                                              "XLA's FLOP counts) and exit without training"),
     "note": (flags.DEFINE_string, None, "run history or measurements worth keeping (restarts, changed flags, "
                                         "selection-time numbers): stored in run_info.json, written to the MANIFEST"),
 }
@@ -197,6 +200,11 @@ def run(recipe: Recipe) -> None:
                                   F.export_only, F.note)
     tcfg = dataclasses.replace(train_config(F, mesh), lr_scales=parts.lr_scales)
     frozen = ctx.target.params if ctx.target is not None else None
+    if F.profile_steps:
+        prof = loop.profile_steps(params, parts.loss_fn, batches.batch, tcfg, frozen, F.profile_steps,
+                                  data.batch_tokens)
+        log("training step profile: " + json.dumps(prof, indent=1))
+        return
     if not F.export_only:
         res = loop.train(params, parts.loss_fn, batches.batch, tcfg, frozen=frozen, spec_fn=parts.spec_fn,
                          eval_fn=lambda p, s: _real_scalars(parts.evaluate(p, F.eval_tokens)),

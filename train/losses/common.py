@@ -33,9 +33,15 @@ class TargetFeatures(NamedTuple):
         w = lm_head if ids is None else lm_head[:, ids]
         return (h @ w.astype(h.dtype)).astype(jnp.float32)
 
-    def top_tokens(self) -> jax.Array:
-        """[B, T] the target's argmax token at each position."""
-        return self.top if self.top is not None else jnp.argmax(self.logits, -1)
+    def top_tokens(self, lm_head: jax.Array | None = None, at: jax.Array | None = None) -> jax.Array:
+        """[B, T] the target's argmax token at each position (at [B, n]: at those positions, [B, n]): cached, from
+        the logits, or from the final hidden state through lm_head [H, V] where neither was kept."""
+        if self.top is not None or self.logits is not None:
+            top = self.top if self.top is not None else jnp.argmax(self.logits, -1)
+            return top if at is None else jnp.take_along_axis(top, at, axis=1)
+        if lm_head is None:
+            raise ValueError("these target features keep no logits: pass the target's lm_head")
+        return jnp.argmax(self.teacher_logits(lm_head, at=at), -1)
 
 
 def causal_forward(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> ForwardOut:
@@ -46,22 +52,27 @@ def causal_forward(params: dict, cfg: ModelConfig, tokens: jax.Array, **kw) -> F
     return forward(params, cfg, tokens, cache, **kw)
 
 
-def frozen_target_features(params: dict, cfg: ModelConfig, tokens: jax.Array,
-                           layers: Sequence[int] = ()) -> TargetFeatures:
+def frozen_target_features(params: dict, cfg: ModelConfig, tokens: jax.Array, layers: Sequence[int] = (),
+                           logits: bool = True) -> TargetFeatures:
     """The frozen target's full causal forward over tokens [B, T]: logits, final hidden state and the outputs of
     decoder `layers` (negative indices count from the top, like Python's), all under stop_gradient. What Medusa
-    heads (final hidden), EAGLE-1 (final hidden + token), EAGLE-3 (low/mid/high layers) and MTP modules train on."""
+    heads (final hidden), EAGLE-1 (final hidden + token), EAGLE-3 (low/mid/high layers) and MTP modules train on.
+    logits=False: no [B, T, V] logits (a loss that reads the teacher at a few positions or over a draft vocabulary
+    computes those from the final hidden state: TargetFeatures.teacher_logits, top_tokens)."""
     idx = [l % cfg.num_layers if -cfg.num_layers <= l < cfg.num_layers else None for l in layers]
     if None in idx:
         raise ValueError(f"layers {tuple(layers)} out of range for a {cfg.num_layers}-layer target")
     unique = tuple(sorted(set(idx)))
-    out = causal_forward(params, cfg, tokens, hidden_layers=unique)
+    # the head over one position only (what forward's logits_at gives), dropped
+    at = None if logits else jnp.zeros((tokens.shape[0],), jnp.int32)
+    out = causal_forward(params, cfg, tokens, hidden_layers=unique, logits_at=at)
     by_layer = dict(zip(unique, out.layer_hidden))
-    return jax.lax.stop_gradient(TargetFeatures(out.logits, out.hidden, tuple(by_layer[i] for i in idx)))
+    return jax.lax.stop_gradient(TargetFeatures(out.logits if logits else None, out.hidden,
+                                                tuple(by_layer[i] for i in idx)))
 
 
-def target_features(batch, first_label: int, params: dict, cfg: ModelConfig,
-                    layers: Sequence[int] = ()) -> tuple[LabeledRows, TargetFeatures]:
+def target_features(batch, first_label: int, params: dict, cfg: ModelConfig, layers: Sequence[int] = (),
+                    logits: bool = True) -> tuple[LabeledRows, TargetFeatures]:
     """A drafter loss's batch -> (its rows as LabeledRows, the frozen target's features over them): read from the
     batch when it carries them (train.data.FeatureRows: train.features computes them once per training set), else
     frozen_target_features over the rows."""
@@ -71,7 +82,7 @@ def target_features(batch, first_label: int, params: dict, cfg: ModelConfig,
             raise ValueError(f"the cached batch has target layers {sorted(batch.layers)}, the loss needs {missing}")
         return batch.rows, TargetFeatures(None, batch.hidden, tuple(batch.layers[l] for l in layers), batch.top)
     rows = labeled(batch, first_label)
-    return rows, frozen_target_features(params, cfg, rows.tokens, layers)
+    return rows, frozen_target_features(params, cfg, rows.tokens, layers, logits)
 
 
 def sample_anchors(rng: jax.Array, rows: LabeledRows, num: int) -> jax.Array:
@@ -130,6 +141,35 @@ def max_label_span(rows, first_label: int = 0) -> int:
     if isinstance(rows, LabeledRows):
         return int(np.max(np.asarray(rows.label_end) - np.asarray(rows.first_label)))
     return rows.shape[1] + 1 - first_label
+
+
+def acceptance_probability(draft_logits: jax.Array, target_logits: jax.Array,
+                           draft_ids: jax.Array | None = None) -> jax.Array:
+    """Speculative sampling's chance of accepting a draft drawn from the drafter's distribution, sum_x min(p_x, q_x)
+    = 1 - TV(p, q), per position at temperature 1: draft_logits [..., N|V] (N: over a draft vocabulary whose target
+    ids are draft_ids [N]), target_logits [..., V] -> [...]."""
+    q = jax.nn.softmax(draft_logits.astype(jnp.float32), -1)
+    logp = jax.nn.log_softmax(target_logits.astype(jnp.float32), -1)
+    if draft_ids is not None:
+        logp = logp[..., draft_ids]
+    return jnp.sum(jnp.minimum(jnp.exp(logp), q), -1)
+
+
+class ChainAgreement(NamedTuple):
+    """A chain drafter's teacher-forced drafts at every committed length of rows [B, R], what the training eval
+    scores and what a greedy decode loop's step from that length drafts: entry [b, i, L] is draft i + 1 from the
+    context tokens[b, :L] (it drafts token L + i)."""
+    agree: jax.Array           # [B, n, R + 1] bool: the drafter's top token is the target's top token there
+    accept: jax.Array          # [B, n, R + 1] float32: 1 - TV(target, drafter) there (temperature-1 acceptance)
+    valid: jax.Array           # [B, n, R + 1] bool: token L + i is a label and the drafter could draft it
+
+    def counts(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(hits [n], labels [n]) per draft position and (chain_hits [n], chains) over the lengths whose n drafts
+        are all labels (chain_hits[i]: drafts 1..i + 1 all agree): train.self_distill.chain_metrics reads them."""
+        hits = jnp.sum(self.agree & self.valid, (0, 2))
+        chain_valid = jnp.all(self.valid, 1)                                          # [B, R + 1]
+        chain_ok = jnp.cumprod(self.agree, 1).astype(bool) & chain_valid[:, None]
+        return hits, jnp.sum(self.valid, (0, 2)), jnp.sum(chain_ok, (0, 2)), jnp.sum(chain_valid)
 
 
 def masked_mean(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -22,7 +22,7 @@ from specjax.drafters.base import target_weight
 from specjax.drafters.dflash import DFlashConfig, block_forward, block_inputs, context_features, context_kv, draft_logits
 from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, t2d_from_d2t
 from specjax.models.config import ModelConfig
-from train.losses.common import frozen_target_features, label_mask, labeled, masked_mean, sample_anchors, soft_ce, \
+from train.losses.common import ChainAgreement, acceptance_probability, frozen_target_features, label_mask, labeled, masked_mean, sample_anchors, soft_ce, \
     target_features
 
 
@@ -98,22 +98,32 @@ def dflash_loss_fn(target_cfg: ModelConfig, config: DFlashConfig, first_label: i
     return loss_fn
 
 
-def dflash_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config: DFlashConfig, rows,
-                    first_label: int, num_steps: int, stride: int = 4, d2t=None) -> tuple[jax.Array, ...]:
-    """Held-out greedy acceptance counts of blocks anchored every `stride` positions: (hits [n], labels [n]) per
-    block position, and (chain_hits [n], chains): chains whose n labels are all inside the span, chain_hits[i]
-    counting those whose positions 1..i+1 all agree with the target's argmax (on greedy rows exactly what greedy
-    verification of an n-token block accepts from that anchor). train.self_distill.chain_metrics reads them."""
+def dflash_agreements(params: dict, target_params: dict, target_cfg: ModelConfig, config: DFlashConfig, rows,
+                      first_label: int, num_steps: int, stride: int = 1, d2t=None) -> ChainAgreement:
+    """Blocks anchored every `stride` positions of rows, teacher-forced: the block anchored at the last committed
+    token a is what a decode loop's step from committed length L = a + 1 drafts; entry [b, i, L] is its position
+    i + 1 (token L + i), a hit when its top token is the target's top token there."""
     rows = labeled(rows, first_label)
     B, R = rows.tokens.shape
     tf = frozen_target_features(target_params, target_cfg, rows.tokens, config.target_layers)
     anchors = jnp.broadcast_to(jnp.arange(0, R - 1, stride, dtype=jnp.int32), (B, (R - 2) // stride + 1))
-    _, _, pred, top, valid = _blocks(params, config, rows, target_params, tf, anchors, num_steps,
-                                     _draft_ids(config, d2t))
-    ok = pred == top                                                                    # [B, A, n]
-    chain_valid = jnp.all(valid, -1)                                                   # [B, A]
-    chain_ok = jnp.cumprod(ok, -1).astype(bool)
-    hits = jnp.sum(ok & valid, (0, 1))
-    counts = jnp.sum(valid, (0, 1))
-    chain_hits = jnp.sum(chain_ok & chain_valid[..., None], (0, 1))
-    return hits, counts, chain_hits, jnp.sum(chain_valid)
+    draft_ids = _draft_ids(config, d2t)
+    logits, _, pred, top, valid = _blocks(params, config, rows, target_params, tf, anchors, num_steps, draft_ids)
+    A = anchors.shape[1]
+    at = jnp.clip(anchors[..., None] + jnp.arange(num_steps), 0, R - 1).reshape(B, A * num_steps)
+    full = tf.teacher_logits(target_weight(target_params, "lm_head"), at=at).reshape(B, A, num_steps, -1)
+    L = anchors[0] + 1
+    put = lambda x, dtype: jnp.zeros((B, num_steps, R + 1), dtype).at[:, :, L].set(jnp.swapaxes(x, 1, 2))
+    return ChainAgreement(put(pred == top, bool), put(acceptance_probability(logits, full, draft_ids), jnp.float32),
+                          put(valid, bool))
+
+
+def dflash_accuracy(params: dict, target_params: dict, target_cfg: ModelConfig, config: DFlashConfig, rows,
+                    first_label: int, num_steps: int, stride: int = 4, d2t=None) -> tuple[jax.Array, ...]:
+    """Held-out greedy acceptance counts of blocks anchored every `stride` positions (dflash_agreements'
+    ChainAgreement.counts): (hits [n], labels [n]) per block position, and (chain_hits [n], chains): chains whose n
+    labels are all inside the span, chain_hits[i] counting those whose positions 1..i+1 all agree with the target's
+    argmax (on greedy rows exactly what greedy verification of an n-token block accepts from that anchor).
+    train.self_distill.chain_metrics reads them."""
+    return dflash_agreements(params, target_params, target_cfg, config, rows, first_label, num_steps, stride,
+                             d2t).counts()

@@ -150,7 +150,8 @@ def ttt_mask(seq_len: int, num_steps: int) -> np.ndarray:
 
 
 def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, num_steps: int,
-                target_weights: dict | None = None, pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
+                target_weights: dict | None = None, pad_id: int = 0,
+                at: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """EAGLE-3's training-time test: the drafter unrolled for num_steps steps over a whole sequence.
 
     Step 0 is forward_sequence (same alignment: tokens = ids[:, 1:], features of ids[:, :-1]). Step i > 0 consumes
@@ -160,28 +161,61 @@ def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, 
     t >= T - i are padding. Works for both kinds (EAGLE-1 unrolls through fc the same way).
     P-EAGLE (config.parallel_drafting): step i > 0 reads mask_inputs instead of a token and step i-1's output, so
     step i at index t is exactly depth i + 1 of the one parallel forward that inference runs after entry t.
-    Returns (hidden [n, B, T, H], logits [n, B, T, V or N]).
+    at [B, W] (sorted indices): the outputs at those indices only; every index still gives step 0 its keys and
+    values, but the layer's attention, MLP and head run, and the later steps unroll, over the W indices alone (a
+    loss whose labels lie in a window of the sequence pays for the window). The same values as the full unroll's
+    at those indices, up to float32 rounding (the attention's sums are split differently).
+    Returns (hidden [n, B, T|W, H], logits [n, B, T|W, V or N]).
     """
     B, T = tokens.shape
     n = int(num_steps)
     hid = project_features(params, config, features)
     table = embed_table(params, target_weights)
-    mask = ttt_mask(T, n)
     padded = jnp.concatenate([tokens, jnp.full((B, n), pad_id, tokens.dtype)], axis=1)
-    ks, vs, outs = [], [], []
-    for i in range(n):
-        if config.parallel_drafting and i > 0:
-            emb, hid = mask_inputs(params, B, T, hid.dtype)
+    idx = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)) if at is None else at.astype(jnp.int32)
+    gather = lambda x: x if at is None else jnp.take_along_axis(x, idx.reshape(B, -1, *([1] * (x.ndim - 2))),
+                                                                 axis=1)
+    # step 0: keys and values at every index, the rest at the queried ones
+    emb = table[tokens].astype(hid.dtype)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    resid, x_in = layer_inputs(params, config, emb, hid)
+    q, k_ctx, v_ctx = project_qkv(params["layer"], config.layer, x_in, positions)
+    visible = jnp.arange(T)[None, None, :] <= idx[:, :, None]                       # [B, W, T] causal
+    hid = layer_output(params, config, gather(resid), _window_attention(gather(q), k_ctx, v_ctx, visible, [], []))
+    outs, ks, vs = [hid], [], []
+    for i in range(1, n):
+        if config.parallel_drafting:
+            emb, hid = mask_inputs(params, B, idx.shape[1], hid.dtype)
         else:
-            emb = table[padded[:, i:i + T]].astype(hid.dtype)
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32) + i, (B, T))
+            emb = table[jnp.take_along_axis(padded, idx + i, axis=1)].astype(hid.dtype)
         resid, x_in = layer_inputs(params, config, emb, hid)
-        q, k, v = project_qkv(params["layer"], config.layer, x_in, positions)
+        q, k, v = project_qkv(params["layer"], config.layer, x_in, idx + i)
         ks.append(k)
         vs.append(v)
-        o = _dense_attention(q, jnp.concatenate(ks, 1), jnp.concatenate(vs, 1),
-                             mask[i * T:(i + 1) * T, :(i + 1) * T])
-        hid = layer_output(params, config, resid, o)
+        hid = layer_output(params, config, resid, _window_attention(q, k_ctx, v_ctx, visible, ks, vs))
         outs.append(hid)
     hidden = jnp.stack(outs)
     return hidden, draft_logits(params, config, hidden, target_weights)
+
+
+def _window_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, visible: jax.Array, ks: list,
+                      vs: list) -> jax.Array:
+    """ttt_mask's attention for queries q [B, W, Hq, D]: each query over the step-0 keys and values of the context
+    (k_ctx / v_ctx [B, T, Hkv, D], visible [B, W, T]) and over its own index's entries of the drafted steps so far
+    (ks / vs: [B, W, Hkv, D] each, the diagonal keys of ttt_mask) -> [B, W, Hq * D]."""
+    B, W, Hq, D = q.shape
+    Hkv = k_ctx.shape[2]
+    qg = q.reshape(B, W, Hkv, Hq // Hkv, D)
+    s_ctx = jnp.einsum("bwkgd,btkd->bkgwt", qg, k_ctx, preferred_element_type=jnp.float32) * D ** -0.5
+    s_ctx = jnp.where(visible[:, None, None], s_ctx, _MASK_VALUE)
+    if ks:
+        s_own = jnp.einsum("bwkgd,bwskd->bkgws", qg, jnp.stack(ks, 2), preferred_element_type=jnp.float32)
+        scores = jnp.concatenate([s_ctx, s_own * D ** -0.5], -1)
+    else:
+        scores = s_ctx
+    p = jax.nn.softmax(scores, axis=-1)
+    T = k_ctx.shape[1]
+    o = jnp.einsum("bkgwt,btkd->bwkgd", p[..., :T], v_ctx.astype(jnp.float32))
+    if ks:
+        o = o + jnp.einsum("bkgws,bwskd->bwkgd", p[..., T:], jnp.stack(vs, 2).astype(jnp.float32))
+    return o.reshape(B, W, Hq * D).astype(q.dtype)
