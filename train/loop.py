@@ -143,17 +143,18 @@ def latest_params(ckpt_dir: str, like: Any) -> tuple[Any, int, dict]:
 def train(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], cfg: TrainConfig,
           eval_fn: Callable[[Any, int], dict] | None = None, eval_every: int = 0,
           log: Callable[[str], None] = print, frozen: Any = None,
-          spec_fn: SpecFn = default_specs) -> TrainResult:
+          spec_fn: SpecFn = default_specs, tokens_of: Callable[[Any], tuple[int, int]] | None = None) -> TrainResult:
     """Run (or resume) training to cfg.steps. eval_fn(params, step) -> metrics is called every eval_every
     steps and logged with them. frozen: passed to loss_fn as loss_fn(params, batch, rng, frozen), never
     trained or checkpointed. spec_fn(params, mesh) -> PartitionSpecs for the trainable params under cfg.mesh
-    (the frozen tree always gets default_specs)."""
+    (the frozen tree always gets default_specs). tokens_of(batch) -> (positions, label tokens): logged as rates
+    (batches of rows with label spans differ in both)."""
     mesh = cfg.mesh
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        return _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn)
+        return _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn, tokens_of)
 
 
-def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn) -> TrainResult:
+def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spec_fn, tokens_of) -> TrainResult:
     t_call = time.time()
     mesh = cfg.mesh
     opt, schedule = make_optimizer(cfg)
@@ -211,9 +212,13 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
     t_train0 = time.time()
     t_log, step_log = time.time(), step
     stopped_by_budget = False
+    labels_since_log = 0
     try:
         while step < stop_at:
-            batch = batch_fn(step) if mesh is None else shard_batch(batch_fn(step), mesh)
+            host_batch = batch_fn(step)
+            if tokens_of is not None:
+                labels_since_log += tokens_of(host_batch)[1]
+            batch = host_batch if mesh is None else shard_batch(host_batch, mesh)
             params, opt_state, loss, metrics = train_step(params, opt_state, batch, jnp.int32(step), frozen)
             loss = float(loss)                       # syncs; also surfaces NaN at the step it appears
             losses.append(loss)
@@ -226,7 +231,11 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
                 now = time.time()
                 rec = {"step": step, "loss": loss, "lr": float(schedule(step - 1)),
                        "tokens_per_s": cfg.tokens_per_step * (step - step_log) / max(now - t_log, 1e-9),
-                       "tokens_seen": cfg.tokens_per_step * step, "elapsed_s": round(elapsed, 1)}
+                       "tokens_seen": cfg.tokens_per_step * step, "elapsed_s": round(elapsed, 1),
+                       "s_per_step": (now - t_log) / max(step - step_log, 1)}
+                if tokens_of is not None:
+                    rec["label_tokens_per_s"] = labels_since_log / max(now - t_log, 1e-9)
+                    labels_since_log = 0
                 rec.update({k: float(v) for k, v in metrics.items()})
                 if eval_fn is not None and eval_every and step % eval_every == 0:
                     rec.update(eval_fn(params, step))
@@ -261,18 +270,19 @@ def profile_steps(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], 
     step runs over, label tokens it trains on). One device (no mesh)."""
     opt, _ = make_optimizer(cfg)
     opt_state = opt.init(params)
-    extra = () if frozen is None else (frozen,)
     rng = jax.random.PRNGKey(cfg.seed)
-    fwd = jax.jit(lambda p, b: loss_fn(p, b, rng, *extra)[0])
-    grad = jax.jit(lambda p, b: jax.value_and_grad(lambda q: loss_fn(q, b, rng, *extra)[0])(p))
+    # the frozen params are an argument, as in train's step (closed over, they would be compiled in as constants)
+    loss = lambda p, b, f: loss_fn(p, b, rng, *(() if f is None else (f,)))[0]
+    fwd = jax.jit(loss)
+    grad = jax.jit(lambda p, b, f: jax.value_and_grad(loss)(p, b, f))
 
-    def full(p, s, b):
-        loss, g = jax.value_and_grad(lambda q: loss_fn(q, b, rng, *extra)[0])(p)
+    def full(p, s, b, f):
+        value, g = jax.value_and_grad(loss)(p, b, f)
         u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s, loss
+        return optax.apply_updates(p, u), s, value
     full = jax.jit(full)
-    parts = {"forward": (fwd, lambda b: (params, b)), "forward_backward": (grad, lambda b: (params, b)),
-             "step": (full, lambda b: (params, opt_state, b))}
+    parts = {"forward": (fwd, lambda b: (params, b, frozen)), "forward_backward": (grad, lambda b: (params, b, frozen)),
+             "step": (full, lambda b: (params, opt_state, b, frozen))}
     out = {name: {"seconds": 0.0, "flops": 0.0} for name in parts}
     positions = labels = 0
     programs = {}                                                # (part, batch shapes) -> (compiled, flops)

@@ -208,7 +208,7 @@ def run(recipe: Recipe) -> None:
     if not F.export_only:
         res = loop.train(params, parts.loss_fn, batches.batch, tcfg, frozen=frozen, spec_fn=parts.spec_fn,
                          eval_fn=lambda p, s: _real_scalars(parts.evaluate(p, F.eval_tokens)),
-                         eval_every=F.eval_every)
+                         eval_every=F.eval_every, tokens_of=data.batch_tokens)
         params, step = res.params, res.step
         info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget, mesh=F.mesh)
         save_run_info(F.ckpt_dir, info)
