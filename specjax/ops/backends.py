@@ -157,7 +157,13 @@ def call(op: str, definition: Callable[..., Any], *args, choice: str | None = No
         kernel = reference_gradient(kernel, reference)
     if backend.platforms is None:
         return kernel(*args)
-    return jax.lax.platform_dependent(*args, **{p: kernel for p in backend.platforms}, default=reference)
+    return jax.lax.platform_dependent(*args, **{p: kernel for p in _lowering_platforms(backend.platforms)},
+                                      default=reference)
+
+
+def _lowering_platforms(platforms: tuple[str, ...]) -> tuple[str, ...]:
+    """JAX's platform names ("gpu" is "cuda" or "rocm" to lax.platform_dependent)."""
+    return tuple(q for p in platforms for q in (("cuda", "rocm") if p == "gpu" else (p,)))
 
 
 def reference_gradient(kernel: Callable[..., Any], definition: Callable[..., Any]) -> Callable[..., Any]:
