@@ -45,24 +45,16 @@ class ModelShape(Protocol):
     """What the layout arithmetic reads of a model's config (specjax.models.config.ModelConfig has it all): the
     layout never builds a config, and naming the class here would put this module above the models, which sit
     above it (their caches are laid out by it)."""
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def attention_bias(self) -> bool: ...
-    @property
-    def tie_word_embeddings(self) -> bool: ...
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention_bias: bool
+    tie_word_embeddings: bool
+
 
 AXES = ("data", "model")
 

@@ -29,6 +29,11 @@ __all__ = ["FORMATS", "PanelMatrix", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Ma
            "quantize_rows_q8", "unpack_panels", "unpack_q4_1_int8", "unpack_q8_0_int8"]
 
 
+def _check_product(w, transposed: bool) -> None:
+    """A clear error where a product would read the format the other way round (check_orientation)."""
+    check_orientation(w, transposed)
+
+
 def _stored_bytes(blocks) -> int:
     """The bytes a format's arrays occupy (what a product reads)."""
     return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in blocks)
@@ -64,9 +69,7 @@ class PanelMatrix(NamedTuple):
         return self.panels.dtype
 
     nbytes = property(_stored_bytes)
-
-    def check_product(self, transposed: bool) -> None:
-        check_orientation(self, transposed)
+    check_product = _check_product
 
     def dequantize(self) -> jax.Array:
         """The row-major w [K, N] (the name quantized blocks share: what the product stands for)."""
@@ -124,9 +127,7 @@ class Q4_1Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-
-    def check_product(self, transposed: bool) -> None:
-        check_orientation(self, transposed)
+    check_product = _check_product
 
     def dequantize(self) -> jax.Array:
         """The float32 w [K, N] these blocks hold."""
@@ -177,9 +178,7 @@ class Q8_0Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-
-    def check_product(self, transposed: bool) -> None:
-        check_orientation(self, transposed)
+    check_product = _check_product
 
     def dequantize(self) -> jax.Array:
         """The float32 w [N, K] these blocks hold."""
@@ -204,9 +203,7 @@ class Q4_1Int8Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-
-    def check_product(self, transposed: bool) -> None:
-        check_orientation(self, transposed)
+    check_product = _check_product
 
     def product(self, x: jax.Array, transposed: bool = False) -> jax.Array:
         """x [..., K] @ w in llama.cpp's Q4_1 x Q8_1 arithmetic (q4_1_int8_reference)."""
@@ -238,9 +235,7 @@ class Q8_0Int8Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-
-    def check_product(self, transposed: bool) -> None:
-        check_orientation(self, transposed)
+    check_product = _check_product
 
     def product(self, x: jax.Array, transposed: bool = True) -> jax.Array:
         """x [..., K] @ w.T in llama.cpp's Q8_0 x Q8_0 arithmetic (q8_0_int8_reference)."""
