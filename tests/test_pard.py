@@ -12,7 +12,9 @@ import pytest
 import specjax
 from specjax import SamplingParams, SpecConfig
 from specjax.models import Model
+from specjax.cache import KVCache
 from specjax.drafters import pard
+from specjax.drafters.pard import drafter as pard_drafter
 from specjax.drafters.base import Context
 from specjax.models.llama import forward, full_logits
 from tiny import perturbed, ragged_prompts, tiny_model
@@ -74,8 +76,8 @@ def test_cache_holds_committed_tokens_and_drafts_match_a_plain_forward(target):
     state = drafter.init(params, ctx, SimpleNamespace(hidden=jnp.zeros((B, 8, 1))), sp)   # an 8-wide prompt block
     propose = jax.jit(drafter.propose, static_argnums=4)
     # References at one fixed width each (one compile): causal, so what follows the real tokens changes nothing.
-    prefill = jax.jit(lambda row: forward(params, cfg, row, pard.KVCache.init(cfg.num_layers, 1, L, cfg.num_kv_heads,
-                                                                               cfg.head_dim)).cache)
+    prefill = jax.jit(lambda row: forward(params, cfg, row, KVCache.init(cfg.num_layers, 1, L, cfg.num_kv_heads,
+                                                                          cfg.head_dim)).cache)
     plain_logits = jax.jit(lambda row: full_logits(params, cfg, row))
     for step in range(6):
         ctx = Context(jnp.asarray(tokens), jnp.asarray(length), prompt_len)
@@ -201,7 +203,7 @@ def test_target_embedding_draft_saved_loaded_and_exact(target, baselines, tmp_pa
     draft = pard.init_target_embedding(target, 1, M, d2t=d2t)
     assert "embed" not in draft.params and draft.mask_token_ids == tuple(range(V, V + M))
     pard.save_target_embedding(tmp_path, draft, target, "# test draft\n", dtype="float32")
-    loaded = pard._load(target, str(tmp_path))
+    loaded = pard_drafter._load(target, str(tmp_path))
     assert isinstance(loaded, pard.TargetEmbeddingPard) and loaded.config == draft.config
     np.testing.assert_array_equal(loaded.params["layers"][0]["wq"], draft.params["layers"][0]["wq"])
     assert (loaded.d2t is None) == (d2t is None) and (d2t is None or np.array_equal(loaded.d2t, d2t))
@@ -253,7 +255,7 @@ def test_target_embedding_stream_hidden_equals_a_forward_over_each_context_and_m
 
     @jax.jit
     def plain_hidden(seq):             # one width: causal, the tail past the sequence is unread
-        cache = pard.KVCache.init(1, 1, W, cfg.num_kv_heads, cfg.head_dim)
+        cache = KVCache.init(1, 1, W, cfg.num_kv_heads, cfg.head_dim)
         x = pard.embed_tokens(draft.params["mask_embed"], embed, seq)
         return forward(dict(draft.params, embed=embed), draft.config, seq, cache, input_embeds=x).hidden[0]
 

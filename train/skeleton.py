@@ -46,7 +46,7 @@ from specjax.models.config import ModelConfig
 from specjax.models.hf_io import save_pretrained
 from specjax.models.llama import forward
 from specjax.sharding import make_mesh
-from train import data, features, loop
+from train import data, features, loop, self_distill
 from train.losses.lm import next_token_nll
 
 # name: (absl definer, generic default, help). A recipe overrides defaults with Recipe.defaults.
@@ -267,6 +267,15 @@ def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
         return data.prepare_corpus(F.data_dir, target.config.vocab_size, F.max_files,
                                    tokenizer_path=os.path.join(target_dir, "tokenizer.json"))
     return Run(F, make_corpus, target, mesh, log)
+
+
+def recipe_rows(run: Run) -> tuple[dict, self_distill.RecipeRows, data.RowBatches]:
+    """The drafter recipes' shared opening: the self-distilled rows their flags ask for (--target, --data,
+    --num_train, --batch_size, --seed, --length_pool), through train.self_distill.recipe_data -> (the build result,
+    its RecipeRows, data.RowBatches over the training rows)."""
+    F = run.flags
+    return self_distill.recipe_data(F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
+                                    length_pool=F.length_pool)
 
 
 def feature_batches(run: Run, batches: data.RowBatches, layers: Sequence[int] = ()):

@@ -8,8 +8,8 @@ itself checks only what holds whatever the method, and imports nothing of the dr
 `prepare()` resolve every config first. Resolving, `generate()`, the experiments' cost measurement and sharding all
 go through `get(method)`; no other code branches on method names.
 
-Modules inside the specjax.drafters package are discovered on the first lookup, so adding a drafter is adding
-its file. Code outside the package (a user's own drafter, a test) calls `register` itself.
+Modules and packages inside the specjax.drafters package are discovered on the first lookup, so adding a drafter
+is adding its module (or package). Code outside the package (a user's own drafter, a test) calls `register` itself.
 """
 from __future__ import annotations
 

@@ -15,15 +15,15 @@ Two methods, one layer (specjax.models.llama.decoder_layer, with a KV cache per 
                token t + i, so the trunk features that produced the bonus token give n - 1 drafts at the cost of
                n - 1 vocabulary projections (the heads' layers run over the verified positions at commit).
 
-The package, one module per job: model (MTPConfig, MTPWeights, init_params and the layer maths, with the
+The package, one module per job: config (MTPConfig, MTPWeights, init_params), model (the layer maths, with the
 cache-free forwards training uses: mtp_forward_sequence, heads_forward_sequence), drafter (MTPDrafter and its
 registration as "mtp" and "mtp_heads"), checkpoint (artifacts of kinds "mtp" and "mtp_heads", specjax.drafters.
 artifacts; a multi-token target's heads live in its directory under `mtp_heads/`).
 """
 from specjax.drafters.mtp.checkpoint import HEADS_DIR, load, save
 from specjax.drafters.mtp.drafter import MTPDrafter, MTPState       # registers "mtp" and "mtp_heads"
-from specjax.drafters.mtp.model import (KINDS, MTPConfig, MTPWeights, heads_forward_sequence, init_params,
-                                        layer_config, mtp_forward_sequence)
+from specjax.drafters.mtp.config import KINDS, MTPConfig, MTPWeights, init_params, layer_config
+from specjax.drafters.mtp.model import heads_forward_sequence, mtp_forward_sequence
 
 __all__ = ["HEADS_DIR", "KINDS", "MTPConfig", "MTPDrafter", "MTPState", "MTPWeights", "heads_forward_sequence",
            "init_params", "layer_config", "load", "mtp_forward_sequence", "save"]

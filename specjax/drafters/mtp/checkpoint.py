@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.mtp.model import MTPConfig, MTPWeights
+from specjax.drafters.mtp.config import MTPConfig, MTPWeights
 
 HEADS_DIR = "mtp_heads"           # a multi-token target's extra heads, inside the target's directory
 _LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")

@@ -29,8 +29,8 @@ import numpy as np
 from specjax.cache import KVCache
 from specjax.drafters.base import Context, Draft, pick_tokens
 from specjax.drafters.mtp.checkpoint import load
-from specjax.drafters.mtp.model import (MTPConfig, MTPWeights, block_positions, fresh_cache, module_input,
-                                        output_logits, shift_in)
+from specjax.drafters.mtp.config import MTPConfig, MTPWeights
+from specjax.drafters.mtp.model import block_positions, fresh_cache, module_input, output_logits, shift_in
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register
 from specjax.models.llama import decoder_layer
 from specjax.sampling import SamplingParams
