@@ -41,17 +41,22 @@ from experiments.tables import text_table, write_table
 from train.data import LabeledRows
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("target", "smollm2-135m", "target: shipped name or model directory")
-flags.DEFINE_list("runs", ["eagle3:smollm2-135m-eagle3", "dflash:smollm2-135m-dflash"],
-                  "method:drafter pairs (methods: " + ", ".join(("eagle", "eagle3", "dflash")) + ")")
-flags.DEFINE_list("prompt_sets", list(OPEN_CHAT_SETS), "prompt sets (experiments.prompts)")
-flags.DEFINE_integer("num_prompts", 64, "prompts per set")
-flags.DEFINE_integer("k", 4, "drafts per step (a chain)")
-flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
-flags.DEFINE_integer("max_new_tokens", 256, "answer tokens at most (each answer stops at its end of turn)")
-flags.DEFINE_integer("batch_size", 8, "requests decoded together")
-flags.DEFINE_integer("seed", 0, "sampling seed")
-flags.DEFINE_string("out", "runs/acceptance_replay/acceptance", "output path stem (.csv/.json)")
+
+
+def define_flags() -> None:
+    """The entry point's flags (defined only when run as a program, so tests import this module beside others)."""
+    flags.DEFINE_string("target", "smollm2-135m", "target: shipped name or model directory")
+    flags.DEFINE_list("runs", ["eagle3:smollm2-135m-eagle3", "dflash:smollm2-135m-dflash"],
+                      "method:drafter pairs (methods: " + ", ".join(("eagle", "eagle3", "dflash")) + ")")
+    flags.DEFINE_list("prompt_sets", list(OPEN_CHAT_SETS), "prompt sets (experiments.prompts)")
+    flags.DEFINE_integer("num_prompts", 64, "prompts per set")
+    flags.DEFINE_integer("k", 4, "drafts per step (a chain)")
+    flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
+    flags.DEFINE_integer("max_new_tokens", 256, "answer tokens at most (each answer stops at its end of turn)")
+    flags.DEFINE_integer("batch_size", 8, "requests decoded together")
+    flags.DEFINE_integer("seed", 0, "sampling seed")
+    flags.DEFINE_string("out", "runs/acceptance_replay/acceptance", "output path stem (.csv/.json)")
+
 
 WIDTH_BUCKET = 128          # rows are padded to a multiple of this, so the eval compiles once per bucket
 
@@ -204,4 +209,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

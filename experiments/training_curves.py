@@ -23,12 +23,16 @@ from specjax.checkpoints import resolve
 from train.data import read_manifest_md
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("shipped", [], "name=hours: a shipped drafter and the training hours of its whole history")
-flags.DEFINE_list("runs", [], "label=ckpt_dir[@hours]: a training run's periodic evals, from the hours its starting "
-                  "weights had trained")
-flags.DEFINE_string("metric", "heldout_accept_len", "the held-out metric (expected accepted drafts of the eval's "
-                    "chain)")
-flags.DEFINE_string("out", "runs/training_curves/curves", "output path stem (.csv/.json/.png)")
+
+
+def define_flags() -> None:
+    """The entry point's flags (defined only when run as a program, so tests import this module beside others)."""
+    flags.DEFINE_list("shipped", [], "name=hours: a shipped drafter and the training hours of its whole history")
+    flags.DEFINE_list("runs", [], "label=ckpt_dir[@hours]: a training run's periodic evals, from the hours its starting "
+                      "weights had trained")
+    flags.DEFINE_string("metric", "heldout_accept_len", "the held-out metric (expected accepted drafts of the eval's "
+                        "chain)")
+    flags.DEFINE_string("out", "runs/training_curves/curves", "output path stem (.csv/.json/.png)")
 
 
 def shipped_point(name: str, hours: float, metric: str) -> dict:
@@ -76,4 +80,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
