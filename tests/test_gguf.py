@@ -15,6 +15,7 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.quants import quantize
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specjax import settings
 from specjax.models import ModelConfig, full_logits, gguf_io, init_params
 from specjax.models.gguf_io import convert_gguf, read_gguf
 from specjax.models.model import load_model
@@ -256,7 +257,7 @@ def test_tokenizer_and_chat_template_from_metadata(toy, tmp_path):
 
 
 def test_load_model_converts_once_into_the_cache(toy, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_ENV, os.fspath(tmp_path / "cache"))
     path = tmp_path / "toy.gguf"
     write_gguf(path, toy, CFG, Q.Q8_0, tokenizer=byte_bpe_tokenizer(), chat_template="{{ messages }}")
     model = load_model(path)
@@ -326,7 +327,7 @@ def test_errors_name_the_problem(toy, tmp_path):
 def test_a_gguf_loaded_model_saves_a_directory_transformers_loads(toy, tmp_path, monkeypatch):
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_ENV, os.fspath(tmp_path / "cache"))
     path = tmp_path / "toy.gguf"
     template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     write_gguf(path, toy, CFG, Q.Q8_0, tokenizer=byte_bpe_tokenizer(), chat_template=template)
@@ -349,7 +350,7 @@ def test_a_gguf_loaded_model_saves_a_directory_transformers_loads(toy, tmp_path,
 @pytest.fixture
 def q4_1_gguf(toy, tmp_path, monkeypatch):
     """The toy as SmolLM2's file has it: Q4_1 layer matrices, a Q8_0 embedding (converted into a cache of its own)."""
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_ENV, os.fspath(tmp_path / "cache"))
     path = tmp_path / "toy-q4_1.gguf"
     write_gguf(path, toy, CFG, Q.Q4_1, embed_qtype=Q.Q8_0)
     return path
@@ -437,7 +438,7 @@ def test_weight_format_shift_reads_zero_for_the_exact_format_and_more_for_int8(q
 def test_gguf_blocks_refuse_what_they_cannot_keep(toy, tmp_path, monkeypatch):
     import specjax
     from specjax.sharding import make_mesh
-    monkeypatch.setenv("SPECJAX_CACHE", os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_ENV, os.fspath(tmp_path / "cache"))
     path = tmp_path / "toy-q8.gguf"
     write_gguf(path, toy, CFG, Q.Q8_0)
     with pytest.raises(ValueError, match="blk.0.attn_q.weight is Q8_0, not Q4_1"):

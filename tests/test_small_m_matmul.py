@@ -155,7 +155,7 @@ def test_library_is_rebuilt_for_a_changed_source(tmp_path, monkeypatch):
             patch.setattr(build, name, files[:-1] + (str(edited),))
             assert build.library_path(cxx) != path
     assert build.library_path(cxx) == path
-    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
     assert build.library_path(cxx).startswith(str(tmp_path / "cache"))
 
 
