@@ -34,7 +34,7 @@ from absl import app, flags
 
 import specjax
 from specjax import SpecConfig
-from specjax.planning import prompt_bucket
+from specjax.planning import prompt_bucket, round_up
 from experiments.harness import prompt_ids
 from experiments.prompts import OPEN_CHAT_SETS, load_prompt_set
 from experiments.tables import text_table, write_table
@@ -86,7 +86,7 @@ def _rows(prompts: list[list[int]], answers: list[list[int]]) -> list[LabeledRow
     out = []
     for p, a in zip(prompts, answers):
         n = len(p) + len(a)
-        width = -(-(n + 1) // WIDTH_BUCKET) * WIDTH_BUCKET
+        width = round_up(n + 1, WIDTH_BUCKET)
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = p + list(a)
         out.append(LabeledRows(tokens, np.array([len(p)], np.int32), np.array([n], np.int32)))
@@ -116,11 +116,12 @@ def _walk(trace: np.ndarray, prompt_len: int, length: int, k: int):
 
 
 def measure(target, method: str, drafter_name: str, prompts: list, temperature: float, k: int = 4,
-            max_new_tokens: int = 256, batch_size: int = 8, seed: int = 0,
+            max_new_tokens: int = 256, batch_size: int = 8, seed: int = 0, evaluation: tuple | None = None,
             agreement_fn: Callable | None = None) -> dict:
     """One run on one prompt set at one temperature: the row of the table (see the module docstring).
+    evaluation: training_eval's result for this run, made once for all of its rows (default: made here);
     agreement_fn: (rows) -> ChainAgreement in place of the drafter family's training eval (tests plant bugs)."""
-    agreements, weights = training_eval(method, target, drafter_name, k)
+    agreements, weights = evaluation or training_eval(method, target, drafter_name, k)
     agreements = agreement_fn or agreements
     ids = [prompt_ids(target, p) for p in prompts]
     common = dict(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -181,14 +182,18 @@ def measure(target, method: str, drafter_name: str, prompts: list, temperature: 
 def main(argv) -> None:
     del argv
     target = specjax.load_model(FLAGS.target)
+    evaluations = {}                                     # each run's training eval, compiled once for every row
+    for run in FLAGS.runs:
+        method, drafter = run.split(":", 1)
+        evaluations[method, drafter] = training_eval(method, target, drafter, FLAGS.k)
     rows = []
     for name in FLAGS.prompt_sets:
         prompts = load_prompt_set(name, FLAGS.num_prompts, target.tokenizer)
-        for run in FLAGS.runs:
-            method, drafter = run.split(":", 1)
+        for (method, drafter), evaluation in evaluations.items():
             for temp in (float(t) for t in FLAGS.temperatures):
                 r = dict(prompt_set=name, **measure(target, method, drafter, prompts, temp, FLAGS.k,
-                                                    FLAGS.max_new_tokens, FLAGS.batch_size, FLAGS.seed))
+                                                    FLAGS.max_new_tokens, FLAGS.batch_size, FLAGS.seed,
+                                                    evaluation))
                 rows.append(r)
                 fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs)
                 print(f"{name} {method} T={temp:g}: tau {r['tau']:.3f} (p10 {r['tau_p10']:.2f}, p90 "

@@ -35,10 +35,18 @@ def define_flags() -> None:
     flags.DEFINE_string("out", "runs/training_curves/curves", "output path stem (.csv/.json/.png)")
 
 
+def _chain(record: dict) -> list[float]:
+    """heldout_chain0, 1, ... of an eval record, as far as it goes."""
+    out = []
+    while f"heldout_chain{len(out)}" in record:
+        out.append(record[f"heldout_chain{len(out)}"])
+    return out
+
+
 def shipped_point(name: str, hours: float, metric: str) -> dict:
     m = read_manifest_md(os.path.join(resolve(name, "drafter"), "MANIFEST.md"))
     return {"label": name, "kind": "shipped", "hours": hours, "step": m.get("steps"), "tau": 1 + m[metric],
-            "chain": [m.get(f"heldout_chain{i}") for i in range(6) if m.get(f"heldout_chain{i}") is not None]}
+            "chain": _chain(m)}
 
 
 def run_points(label: str, ckpt_dir: str, start_hours: float, metric: str) -> list[dict]:
@@ -49,7 +57,7 @@ def run_points(label: str, ckpt_dir: str, start_hours: float, metric: str) -> li
             if metric in rec:
                 out.append({"label": label, "kind": "run", "hours": start_hours + rec["elapsed_s"] / 3600,
                              "step": rec["step"], "tau": 1 + rec[metric],
-                             "chain": [rec[f"heldout_chain{i}"] for i in range(6) if f"heldout_chain{i}" in rec]})
+                             "chain": _chain(rec)})
     return out
 
 

@@ -2,7 +2,6 @@
 target's greedy rows, replaying the loop's walk over the EAGLE-3 eval's per-length agreements accepts exactly what
 the loop accepted at every step (a train/serve mismatch would show as steps that differ), and the check sees a
 planted one: agreements read one committed length off."""
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -157,6 +157,51 @@ def test_ttt_mask_matches_direct_construction():
     assert eagle.ttt_mask(T, 1).tolist() == np.tril(np.ones((T, T), bool)).tolist()
 
 
+def _dense_ttt(params, cfg, tokens, feats, n, tw):
+    """The training-time test unrolled with one dense attention over every step's keys under ttt_mask (what
+    ttt_forward computes by parts): hidden [n, B, T, H]."""
+    from specjax.drafters.eagle.model import (_dense_attention, embed_table, layer_inputs, layer_output,
+                                              project_features, project_qkv)
+    B, T = tokens.shape
+    hid, table, mask = project_features(params, cfg, feats), embed_table(params, tw), eagle.ttt_mask(T, n)
+    padded = jnp.concatenate([tokens, jnp.zeros((B, n), tokens.dtype)], axis=1)
+    ks, vs, outs = [], [], []
+    for i in range(n):
+        resid, x_in = layer_inputs(params, cfg, table[padded[:, i:i + T]], hid)
+        q, k, v = project_qkv(params["layer"], cfg.layer, x_in, jnp.broadcast_to(jnp.arange(T) + i, (B, T)))
+        ks.append(k)
+        vs.append(v)
+        hid = layer_output(params, cfg, resid, _dense_attention(q, jnp.concatenate(ks, 1), jnp.concatenate(vs, 1),
+                                                                mask[i * T:(i + 1) * T, :(i + 1) * T]))
+        outs.append(hid)
+    return jnp.stack(outs)
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_ttt_forward_attends_as_ttt_mask_says(window):
+    """ttt_forward (the step-0 keys of every index, each later step's own diagonal; at= a window of indices) is the
+    dense attention under ttt_mask, to float32 rounding; a planted mask that also shows step s > 0 keys of other
+    indices is far off."""
+    tiny = tiny_model(0)
+    w = informative_eagle(tiny, "eagle3")
+    B, T, n = 2, 12, 3
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (B, T), 0, tiny.config.vocab_size)
+    feats = tuple(jax.random.normal(jax.random.PRNGKey(i), (B, T, tiny.config.hidden_size)) for i in range(3))
+    tw = {"embed": tiny.params["embed"]}
+    want = _dense_ttt(w.params, w.config, tokens, feats, n, tw)
+    at = jnp.stack([jnp.arange(3, 9), jnp.arange(5, 11)]) if window else None
+    got, _ = eagle.ttt_forward(w.params, w.config, tokens, feats, n, tw, at=at)
+    ref = want if at is None else jnp.take_along_axis(want, at[None, :, :, None], axis=2)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-4, atol=1e-5)
+    real_mask = eagle.ttt_mask
+    try:                                    # planted: later steps see every drafted key at or before their index
+        eagle.ttt_mask = lambda T_, n_: real_mask(T_, n_) | np.tril(np.ones((n_ * T_, n_ * T_), bool))
+        leaky = _dense_ttt(w.params, w.config, tokens, feats, n, tw)
+    finally:
+        eagle.ttt_mask = real_mask
+    assert float(jnp.max(jnp.abs(leaky - want))) > 1e-3
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3.1"])
 def test_ttt_step0_is_the_plain_forward(target, kind):
     v31 = kind == "eagle3.1"

@@ -328,9 +328,11 @@ def vocabulary_coverage(d2t: np.ndarray, rows, heldout, first_label: int, vocab_
 WIDTH_BUCKET = 64     # batches of chat rows are cut to a multiple of this many columns: a few compiled shapes
 
 
-def batch_tokens(batch) -> tuple[int, int]:
-    """(positions, label tokens) of a training batch: a plain [B, R] row or window array (every position after the
-    first predicts a label), LabeledRows (labels inside each row's span), or FeatureRows."""
+def batch_tokens(batch, first_label: int = 0) -> tuple[int, int]:
+    """(positions, label tokens) of a training batch: a plain [B, R] row or window array (the labels from
+    first_label on, and the prediction past the row, as train.losses.common.labeled reads such rows; a packed
+    corpus window's every position after the first), LabeledRows (labels inside each row's span), or
+    FeatureRows."""
     if isinstance(batch, FeatureRows):
         batch = batch.rows
     if isinstance(batch, LabeledRows):
@@ -338,7 +340,7 @@ def batch_tokens(batch) -> tuple[int, int]:
         end = np.minimum(np.asarray(batch.label_end), tokens.shape[1])
         return int(tokens.size), int(np.maximum(end - np.asarray(batch.first_label), 0).sum())
     B, R = np.shape(batch)
-    return B * R, B * (R - 1)
+    return B * R, B * (R - 1 if first_label == 0 else R + 1 - first_label)
 
 
 def bucketed_width(length: int, width: int, bucket: int = WIDTH_BUCKET) -> int:

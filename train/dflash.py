@@ -68,7 +68,7 @@ def saved_drafter(path: str, target, cfg: dflash.DFlashConfig) -> tuple[dict, np
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
-    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.recipe_rows(run)
+    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.distilled_rows(run)
     layers = None if not F.target_layers else [int(x) for x in F.target_layers]
     cfg = dflash.dflash_config(target, num_layers=F.draft_layers, block_size=F.block_size, target_layers=layers,
                                draft_vocab_size=F.draft_vocab_size or None)

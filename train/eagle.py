@@ -177,7 +177,7 @@ def variant_name(cfg: eagle.EagleConfig) -> str:
 def build(run: skeleton.Run) -> skeleton.Parts:
     F, target = run.flags, run.target
     tcfg = target.config
-    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.recipe_rows(run)
+    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.distilled_rows(run)
     ttt = F.ttt_steps or DEFAULT_TTT[F.kind]
     noise = DEFAULT_NOISE[F.kind] if F.noise is None else F.noise
     cfg = drafter_config(F, target)

@@ -76,7 +76,7 @@ def build(run: skeleton.Run) -> skeleton.Parts:
     if F.data != "corpus" and F.medusa2:
         raise ValueError(f"--data={F.data} trains Medusa-1 heads; Medusa-2 evaluates its trained target on the "
                          "stdlib corpus (--data=corpus)")
-    ds, (prompt_len, train_rows, heldout, n_greedy), batches = skeleton.recipe_rows(run)
+    ds, (prompt_len, train_rows, heldout, n_greedy), batches = skeleton.distilled_rows(run)
     if F.medusa2 and F.feature_cache:
         raise ValueError("--feature_cache holds a frozen target's features; Medusa-2 trains the target")
     batches = skeleton.feature_batches(run, batches)

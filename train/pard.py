@@ -151,7 +151,7 @@ def build_target_embedding(run: skeleton.Run) -> skeleton.Parts:
     if F.add_layers:
         raise ValueError("--add_layers appends layers to --init's draft; with --draft_layers give the layer count "
                          "there")
-    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.recipe_rows(run)
+    ds, (prompt_len, rows, heldout, n_greedy), batches = skeleton.distilled_rows(run)
     batches = skeleton.feature_batches(run, batches)
     named = F.from_target_layers or []
     from_layers = () if named == ["random"] else None if not named else tuple(int(x) for x in named)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -95,6 +96,7 @@ class Run:
     mesh: Mesh | None
     log: Callable[[str], None]
     _corpus: data.Corpus | None = None
+    first_label: int = 0                  # where the labels of rows of one layout start (distilled_rows sets it)
 
     @property
     def corpus(self) -> data.Corpus:
@@ -202,13 +204,14 @@ def run(recipe: Recipe) -> None:
     frozen = ctx.target.params if ctx.target is not None else None
     if F.profile_steps:
         prof = loop.profile_steps(params, parts.loss_fn, batches.batch, tcfg, frozen, F.profile_steps,
-                                  data.batch_tokens)
+                                  functools.partial(data.batch_tokens, first_label=ctx.first_label))
         log("training step profile: " + json.dumps(prof, indent=1))
         return
     if not F.export_only:
         res = loop.train(params, parts.loss_fn, batches.batch, tcfg, frozen=frozen, spec_fn=parts.spec_fn,
                          eval_fn=lambda p, s: _real_scalars(parts.evaluate(p, F.eval_tokens)),
-                         eval_every=F.eval_every, tokens_of=data.batch_tokens)
+                         eval_every=F.eval_every,
+                         tokens_of=functools.partial(data.batch_tokens, first_label=ctx.first_label))
         params, step = res.params, res.step
         info.update(elapsed_s=res.elapsed_s, stopped_by_budget=res.stopped_by_budget, mesh=F.mesh)
         save_run_info(F.ckpt_dir, info)
@@ -269,13 +272,16 @@ def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
     return Run(F, make_corpus, target, mesh, log)
 
 
-def recipe_rows(run: Run) -> tuple[dict, self_distill.RecipeRows, data.RowBatches]:
+def distilled_rows(run: Run) -> tuple[dict, self_distill.RecipeRows, data.RowBatches]:
     """The drafter recipes' shared opening: the self-distilled rows their flags ask for (--target, --data,
     --num_train, --batch_size, --seed, --length_pool), through train.self_distill.recipe_data -> (the build result,
-    its RecipeRows, data.RowBatches over the training rows)."""
+    its RecipeRows, data.RowBatches over the training rows). Rows of one layout (no spans of their own) train from
+    their RecipeRows.prompt_len on: the run's label counts start there."""
     F = run.flags
-    return self_distill.recipe_data(F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
-                                    length_pool=F.length_pool)
+    ds, rr, batches = self_distill.recipe_data(F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
+                                               length_pool=F.length_pool)
+    run.first_label = rr.prompt_len
+    return ds, rr, batches
 
 
 def feature_batches(run: Run, batches: data.RowBatches, layers: Sequence[int] = ()):

@@ -174,15 +174,12 @@ def resolve(config: SpecConfig) -> SpecConfig:
     options = _resolve_options(config, spec)
     if config.is_tree and not spec.trees:
         raise ValueError(f"method={config.method!r} cannot draft token trees; methods that can: {tree_methods()}")
-    k = config.num_speculative_tokens
-    if not config.is_tree:
-        if not spec.speculates:
-            if k not in (None, 0):
-                raise ValueError(f"method={config.method!r} takes no num_speculative_tokens (got {k})")
-        elif k is not None or spec.derive_k is None:
-            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-                raise ValueError(f"num_speculative_tokens (k) must be an int in [1, {MAX_SPECULATIVE_TOKENS}] "
-                                 f"for method={config.method!r}, got {k!r}")
+    k = config.num_speculative_tokens           # SpecConfig checked a given k's type and range
+    if not config.is_tree and not spec.speculates and k not in (None, 0):
+        raise ValueError(f"method={config.method!r} takes no num_speculative_tokens (got {k})")
+    if not config.is_tree and spec.speculates and k is None and spec.derive_k is None:
+        raise ValueError(f"num_speculative_tokens (k) must be an int in [1, {MAX_SPECULATIVE_TOKENS}] "
+                         f"for method={config.method!r}, got None")
     if config.acceptance_method == "typical_lossy" and not spec.speculates:
         raise ValueError("acceptance_method='typical_lossy' needs a speculative method (it accepts drafts)")
     out = dataclasses.replace(config, drafter_options=options)

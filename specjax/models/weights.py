@@ -24,14 +24,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FORMATS", "PanelMatrix", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Matrix", "Q8_0Matrix",
+__all__ = ["PanelMatrix", "Q4_1Int8Matrix", "Q4_1Matrix", "Q8_0Int8Matrix", "Q8_0Matrix",
            "check_orientation", "dequantize_q4_1", "dequantize_q8_0", "q4_1_int8_reference", "q8_0_int8_reference",
            "quantize_rows_q8", "unpack_panels", "unpack_q4_1_int8", "unpack_q8_0_int8"]
 
 
-def _check_product(w, transposed: bool) -> None:
-    """A clear error where a product would read the format the other way round (check_orientation)."""
-    check_orientation(w, transposed)
+def check_orientation(w, transposed: bool) -> None:
+    """A clear error where a product reads a format the other way round from how it is stored (its class's
+    READ_TRANSPOSED: stored [N, K] and read transposed, a tied LM head's embedding; else w [K, N])."""
+    stored_transposed = type(w).READ_TRANSPOSED
+    if bool(transposed) != stored_transposed:
+        stored = "[N, K], read transposed" if stored_transposed else "[K, N]"
+        hint = " (linear(x, w, transposed=True))" if stored_transposed else "; transposed products take a float32 w"
+        raise ValueError(f"a {type(w).__name__} is w {stored}{hint}; got transposed={transposed}")
 
 
 def _stored_bytes(blocks) -> int:
@@ -69,7 +74,8 @@ class PanelMatrix(NamedTuple):
         return self.panels.dtype
 
     nbytes = property(_stored_bytes)
-    check_product = _check_product
+    READ_TRANSPOSED = False
+    check_product = check_orientation
 
     def dequantize(self) -> jax.Array:
         """The row-major w [K, N] (the name quantized blocks share: what the product stands for)."""
@@ -90,11 +96,6 @@ class PanelMatrix(NamedTuple):
         if K % 2 or N % 16:
             raise ValueError(f"a PanelMatrix needs K even and N % 16 == 0, got [{K}, {N}]")
         return cls(np.ascontiguousarray(_panels_of(w)))
-
-    @classmethod
-    def from_dense_traced(cls, w: jax.Array) -> "PanelMatrix":
-        """from_dense in jnp (inside a trace: a gradient with respect to w, laid out as w is)."""
-        return cls(_panels_of(w))
 
     @classmethod
     def concatenate(cls, parts: "list[PanelMatrix]") -> "PanelMatrix":
@@ -127,7 +128,8 @@ class Q4_1Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-    check_product = _check_product
+    READ_TRANSPOSED = False
+    check_product = check_orientation
 
     def dequantize(self) -> jax.Array:
         """The float32 w [K, N] these blocks hold."""
@@ -178,7 +180,8 @@ class Q8_0Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-    check_product = _check_product
+    READ_TRANSPOSED = True
+    check_product = check_orientation
 
     def dequantize(self) -> jax.Array:
         """The float32 w [N, K] these blocks hold."""
@@ -193,7 +196,7 @@ class Q8_0Matrix(NamedTuple):
 class Q4_1Int8Matrix(NamedTuple):
     """The blocks of a Q4_1Matrix packed for integer dot products against 8-bit activations (llama.cpp's Q4_1 x Q8_1
     arithmetic, `product`): not the float32 product over the dequantized w. A pytree."""
-    packed: jax.Array       # uint8 [N / 16, K / 8, 64]: by 16-column panels (reference.unpack_q4_1_int8)
+    packed: jax.Array       # uint8 [N / 16, K / 8, 64]: by 16-column panels (unpack_q4_1_int8)
     scale: jax.Array        # float32 [K / 32, N]
     minimum: jax.Array      # float32 [K / 32, N]
 
@@ -203,7 +206,8 @@ class Q4_1Int8Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-    check_product = _check_product
+    READ_TRANSPOSED = False
+    check_product = check_orientation
 
     def product(self, x: jax.Array, transposed: bool = False) -> jax.Array:
         """x [..., K] @ w in llama.cpp's Q4_1 x Q8_1 arithmetic (q4_1_int8_reference)."""
@@ -226,7 +230,7 @@ class Q4_1Int8Matrix(NamedTuple):
 class Q8_0Int8Matrix(NamedTuple):
     """The rows of a Q8_0Matrix (w [N, K], read transposed) packed for integer dot products against 8-bit
     activations (llama.cpp's Q8_0 x Q8_0 arithmetic, `product`). A pytree."""
-    packed: jax.Array       # uint8 [N / 16, K / 4, 64]: by 16-row panels, q + 128 (reference.unpack_q8_0_int8)
+    packed: jax.Array       # uint8 [N / 16, K / 4, 64]: by 16-row panels, q + 128 (unpack_q8_0_int8)
     scale: jax.Array        # float32 [K / 32, N]
 
     @property
@@ -235,7 +239,8 @@ class Q8_0Int8Matrix(NamedTuple):
 
     dtype = property(_float32)
     nbytes = property(_stored_bytes)
-    check_product = _check_product
+    READ_TRANSPOSED = True
+    check_product = check_orientation
 
     def product(self, x: jax.Array, transposed: bool = True) -> jax.Array:
         """x [..., K] @ w.T in llama.cpp's Q8_0 x Q8_0 arithmetic (q8_0_int8_reference)."""
@@ -255,20 +260,6 @@ class Q8_0Int8Matrix(NamedTuple):
         return cls(np.ascontiguousarray(packed), np.ascontiguousarray(np.asarray(w.scale).T))
 
 
-
-
-FORMATS = (PanelMatrix, Q4_1Matrix, Q8_0Matrix, Q4_1Int8Matrix, Q8_0Int8Matrix)
-# Formats stored [N, K] and read transposed (a tied LM head's embedding); the others are w [K, N].
-_TRANSPOSED = (Q8_0Matrix, Q8_0Int8Matrix)
-
-
-def check_orientation(w, transposed: bool) -> None:
-    """A clear error where a product reads a format the other way round from how it is stored."""
-    stored = "[N, K], read transposed" if isinstance(w, _TRANSPOSED) else "[K, N]"
-    if bool(transposed) != isinstance(w, _TRANSPOSED):
-        hint = (" (linear(x, w, transposed=True))" if isinstance(w, _TRANSPOSED)
-                else "; transposed products take a float32 w")
-        raise ValueError(f"a {type(w).__name__} is w {stored}{hint}; got transposed={transposed}")
 
 
 def _float32_activations(w, x) -> None:

@@ -13,14 +13,14 @@ these ops and never name a backend.
 from specjax.ops.activation import swiglu, swiglu_reference
 from specjax.ops.attention import attention, attention_reference, verify_attention_reference, visibility
 from specjax.ops.backends import Backend, reference_gradient, register_backend, registered_backends, selects
-from specjax.ops.cache_write import block_index, read_kv_reference, write_kv, write_kv_reference
+from specjax.ops.cache_write import block_index, write_kv, write_kv_reference
 from specjax.ops.greedy import greedy_token, greedy_token_reference
 from specjax.ops.linear import linear, linear_reference
 from specjax.ops.norm import rms_norm, rms_norm_reference
 from specjax.ops.rope import rope, rope_qkv, rope_qkv_reference, rope_reference
 
 __all__ = ["Backend", "attention", "attention_reference", "block_index", "greedy_token", "greedy_token_reference",
-           "linear", "linear_reference", "read_kv_reference", "reference_gradient", "register_backend",
+           "linear", "linear_reference", "reference_gradient", "register_backend",
            "registered_backends", "rms_norm", "rms_norm_reference", "rope", "rope_qkv", "rope_qkv_reference",
            "rope_reference", "selects", "swiglu", "swiglu_reference", "verify_attention_reference", "visibility",
            "write_kv", "write_kv_reference"]

@@ -150,8 +150,9 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax
     v_cache [B, Hkv, S, D]); lengths [B] valid slots, the T new ones included; mask None (causal) or a tree mask
     [T, T] / [B, T, T]; q_positions [B, T] (for a sliding window) -> [B, T, Hq, D].
     implementation (SpecConfig.implementation): "xla" leaves the choice to the settings; "pallas", "pallas_gpu",
-    "pallas_tpu" ask the Pallas backend and that lowering of it, where it takes the arguments."""
-    choice = None if implementation == "xla" else "pallas"
+    "pallas_tpu" ask the Pallas backend and that lowering of it (not for a sliding window, which the Pallas kernels
+    do not take: the settings' choice computes it)."""
+    choice = None if implementation == "xla" or sliding_window is not None else "pallas"
     options = None if choice is None else {"implementation": implementation}
     return backends.call("attention", attention_reference, q, k_cache, v_cache, lengths, mask, q_positions,
                          choice=choice, options=options, sliding_window=sliding_window,

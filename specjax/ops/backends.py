@@ -57,7 +57,7 @@ class Backend:
     kernel      (the op's array arguments..., **the op's static arguments) -> the op's result
     platforms   the JAX platforms its kernel runs on ("cpu", "gpu", "tpu"); None: any (it lowers itself)
     takes       (same arguments) -> bool: whether it computes these shapes, dtypes and weight formats
-    available   () -> bool: whether it can run on this machine (e.g. its library built), asked once per trace
+    available   () -> bool: whether it can run on this machine (e.g. its library built), asked after takes
     auto        picked by the 'auto' choice where it applies (False: only when named)
     gradient    the definition's gradient (kernel values, the definition's VJP); False: the op has none
     """
@@ -136,9 +136,11 @@ def _pick(op: str, choice: str, args: tuple, static: dict) -> Backend | None:
     if choice == settings.XLA:
         return None
     if choice != settings.AUTO:
+        if SETTING[op] != op and all(b.name != choice for b in _table[op]):
+            return None                     # a backend of the op whose setting this is, with no second signature
         b = _named(op, choice)
-        return b if _runs_here(b) and b.takes(*args, **static) else None
-    return next((b for b in _table[op] if b.auto and _runs_here(b) and b.takes(*args, **static)), None)
+        return b if b.takes(*args, **static) and _runs_here(b) else None
+    return next((b for b in _table[op] if b.auto and b.takes(*args, **static) and _runs_here(b)), None)
 
 
 def call(op: str, definition: Callable[..., Any], *args, choice: str | None = None, options: dict | None = None,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 from specjax.ops import backends
 
-__all__ = ["block_index", "read_kv_reference", "write_kv", "write_kv_reference"]
+__all__ = ["block_index", "write_kv", "write_kv_reference"]
 
 
 def write_kv_reference(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_new: jax.Array, starts: jax.Array,
@@ -21,14 +21,6 @@ def write_kv_reference(k_buf: jax.Array, v_buf: jax.Array, k_new: jax.Array, v_n
     k_at, v_at = _indices(k_new.shape[:2], v_buf.shape[2], starts, keys_transposed)
     return (k_buf.at[k_at].set(k_new.astype(k_buf.dtype), unique_indices=True),
             v_buf.at[v_at].set(v_new.astype(v_buf.dtype), unique_indices=True))
-
-
-def read_kv_reference(k_buf: jax.Array, v_buf: jax.Array, starts: jax.Array, positions: int,
-                      keys_transposed: bool) -> tuple[jax.Array, jax.Array]:
-    """The entries write_kv_reference would have written at `positions` slots from starts: ([B, T, Hkv, D] keys,
-    values) (the write's gradient with respect to the new entries)."""
-    k_at, v_at = _indices((starts.shape[0], positions), v_buf.shape[2], starts, keys_transposed)
-    return k_buf[k_at], v_buf[v_at]
 
 
 def block_index(rows, slots, keys: bool, keys_transposed: bool) -> tuple:

@@ -73,8 +73,8 @@ def _steps(params: dict, config, tf: TargetFeatures, rows: LabeledRows, feats, n
     indices): yields (i, indices [B, W], drafter hidden [B, W, H], drafter logits [B, W, V|N], target feature
     f_{t+i+1} [B, W, H], target logits z_{t+i+1} [B, W, V|N] (EAGLE-3: at the draft vocabulary's ids), label mask
     [B, W] (token t + i + 2 is target-generated; EAGLE-3: and the target's top token inside the draft vocabulary),
-    drafter top token as a target id [B, W], target top token [B, W]). Indices whose step-i target lies past the row
-    are masked out."""
+    drafter top token as a target id [B, W], target top token [B, W], whether the step-i target lies inside the row
+    [B, W]: outside it, the label mask is off)."""
     B, R = rows.tokens.shape
     idx = jnp.broadcast_to(jnp.arange(R - 1, dtype=jnp.int32), (B, R - 1)) if at is None else at
     W = idx.shape[1]
@@ -83,7 +83,11 @@ def _steps(params: dict, config, tf: TargetFeatures, rows: LabeledRows, feats, n
     span = idx[:, :1] + 1 + jnp.arange(W + num_steps - 1, dtype=jnp.int32)
     inside_span = span < R
     span = jnp.minimum(span, R - 1)
-    teacher, tops = tf.teacher_logits(lm_head, at=span, ids=draft_ids), tf.top_tokens(lm_head, at=span)
+    if tf.top is None and tf.logits is None and draft_ids is not None:
+        full = tf.teacher_logits(lm_head, at=span)                          # one head product gives both
+        teacher, tops = full[..., draft_ids], jnp.argmax(full, -1)
+    else:
+        teacher, tops = tf.teacher_logits(lm_head, at=span, ids=draft_ids), tf.top_tokens(lm_head, at=span)
     for i in range(num_steps):
         there = span[:, i:i + W]                                             # the target position step i reads
         z, top = teacher[:, i:i + W], tops[:, i:i + W]
@@ -94,7 +98,7 @@ def _steps(params: dict, config, tf: TargetFeatures, rows: LabeledRows, feats, n
             pred = draft_ids[pred]
             valid = valid & in_vocab[top]
         f_next = jnp.take_along_axis(tf.hidden, there[..., None], axis=1)
-        yield i, idx, hidden[i], lg, f_next, z, valid, pred, top
+        yield i, idx, hidden[i], lg, f_next, z, valid, pred, top, inside_span[:, i:i + W]
 
 
 def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_steps: int = 1,
@@ -146,12 +150,12 @@ def eagle_loss_fn(target_cfg: ModelConfig, config, first_label: int, *, num_step
         size = T if max_span is None else min(T, max_span + num_steps)
         # index t's step i reads label t + i + 2: from num_steps + 1 before the first label through the last one
         at = label_window(rows, T, size, num_steps + 1)[0] if size < T else None
-        for i, idx, h, lg, f_next, z, valid, pred, top in _steps(params, config, tf, rows, feats, num_steps, tw,
-                                                                lm_head, draft_ids, in_vocab, at):
+        for i, idx, h, lg, f_next, z, valid, pred, top, inside in _steps(params, config, tf, rows, feats, num_steps,
+                                                                        tw, lm_head, draft_ids, in_vocab, at):
             if is3:
                 ce = masked_mean(soft_ce(lg, jax.nn.softmax(z)), valid)
                 step_loss = ce
-                gen = label_mask(rows, idx + i + 2) & (idx + i + 1 < rows.tokens.shape[1])
+                gen = label_mask(rows, idx + i + 2) & inside
                 metrics[f"in_vocab{i}"] = masked_mean(in_vocab[top], gen)
             else:
                 ce = masked_mean(soft_ce(lg, jax.nn.softmax(z)), valid)
@@ -184,11 +188,10 @@ def eagle_agreements(params: dict, target_params: dict, target_cfg: ModelConfig,
     T = R - 1
     agree, accept, valid = (jnp.zeros((B, num_steps, R + 1), d) for d in (bool, jnp.float32, bool))
     rows_ = jnp.arange(B)[:, None]
-    for i, idx, _, lg, _, _, _, pred, top in _steps(params, config, tf, rows, _features(tf, config), num_steps,
-                                                    tw, lm_head, draft_ids, in_vocab):
+    for i, idx, _, lg, _, _, _, pred, top, inside in _steps(params, config, tf, rows, _features(tf, config),
+                                                            num_steps, tw, lm_head, draft_ids, in_vocab):
         L = idx + 2                                                     # step i's index t is length t + 2
         there = jnp.minimum(idx + i + 1, T)
-        inside = idx + i + 1 <= T
         agree = agree.at[rows_, i, L].set((pred == top) & inside)
         full_there = jnp.take_along_axis(full, there[..., None], axis=1)
         accept = accept.at[rows_, i, L].set(jnp.where(inside, acceptance_probability(lg, full_there, draft_ids), 0))

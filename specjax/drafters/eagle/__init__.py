@@ -27,8 +27,8 @@ layers an EAGLE-3 drafter fuses), vocab (EAGLE-3's draft vocabulary maps), model
 forwards), drafter (EagleDrafter and its registration as "eagle" and "eagle3"), checkpoint (our artifacts and the
 published layouts, in and out).
 
-Training (pure functions, no cache): forward_sequence, ttt_forward and ttt_mask (P-EAGLE: mask_inputs at the
-steps past the first), project_features, draft_logits,
+Training (pure functions, no cache): forward_sequence, ttt_forward (attending as ttt_mask specifies; P-EAGLE:
+mask_inputs at the steps past the first), project_features, draft_logits,
 init_params, eagle_config, the vocabulary helpers (vocab_map_from_counts, t2d_from_d2t, target_to_draft).
 """
 from specjax.drafters.eagle.checkpoint import (VOCAB_MAP_NAME, check_target, export_published, load, load_published,

@@ -1,7 +1,7 @@
 """The EAGLE layer's maths as pure functions over its params: the pieces the drafter runs against its KV cache
 (embed_table, layer_inputs, project_qkv, layer_output, project_features, draft_logits) and the cache-free forwards
-training uses: forward_sequence (teacher-forced over a whole sequence), ttt_forward and ttt_mask (EAGLE-3's
-training-time test: the drafter unrolled over its own outputs)."""
+training uses: forward_sequence (teacher-forced over a whole sequence) and ttt_forward (EAGLE-3's training-time
+test: the drafter unrolled over its own outputs, attending as ttt_mask specifies)."""
 from __future__ import annotations
 
 import jax
@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.ops import linear
+from specjax.ops.attention import MASK_VALUE
 from specjax.drafters.eagle.config import EagleConfig
 from specjax.models.config import ModelConfig
 from specjax.models.llama import apply_rope, rms_norm, rope_inv_freq
 
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def _mlp(lp: dict, x: jax.Array) -> jax.Array:
@@ -45,6 +45,25 @@ def project_qkv(lp: dict, c: ModelConfig, x: jax.Array,
     return q, k, v.reshape(B, T, c.num_kv_heads, c.head_dim)
 
 
+def project_q(lp: dict, c: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """project_qkv's queries alone, [B, T, Hq, D] (training computes them at fewer positions than the keys)."""
+    B, T = x.shape[:2]
+    q = linear(x, lp["wq"])
+    if "bq" in lp:
+        q = q + lp["bq"]
+    return apply_rope(q.reshape(B, T, c.num_heads, c.head_dim), positions, rope_inv_freq(c))
+
+
+def project_kv(lp: dict, c: ModelConfig, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """project_qkv's keys and values alone: [B, T, Hkv, D] each."""
+    B, T = x.shape[:2]
+    k, v = linear(x, lp["wk"]), linear(x, lp["wv"])
+    if "bk" in lp:
+        k, v = k + lp["bk"], v + lp["bv"]
+    k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.head_dim), positions, rope_inv_freq(c))
+    return k, v.reshape(B, T, c.num_kv_heads, c.head_dim)
+
+
 def layer_output(params: dict, config: EagleConfig, resid: jax.Array, attn: jax.Array) -> jax.Array:
     """attn [B, T, Hq*D] (before o_proj) -> the layer output [B, T, H]: what draft_logits reads and the next draft
     step's hidden input (pre-norm; EAGLE-3.1 norm_output: after final_norm)."""
@@ -60,7 +79,7 @@ def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask) -> jax.Arra
     Hkv = k.shape[2]
     qg = q.reshape(B, T, Hkv, Hq // Hkv, D)
     s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * D ** -0.5
-    s = jnp.where(jnp.asarray(mask), s, _MASK_VALUE)
+    s = jnp.where(jnp.asarray(mask), s, MASK_VALUE)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
     return o.reshape(B, T, Hq * D).astype(q.dtype)
@@ -175,13 +194,14 @@ def ttt_forward(params: dict, config: EagleConfig, tokens: jax.Array, features, 
     idx = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)) if at is None else at.astype(jnp.int32)
     gather = lambda x: x if at is None else jnp.take_along_axis(x, idx.reshape(B, -1, *([1] * (x.ndim - 2))),
                                                                  axis=1)
-    # step 0: keys and values at every index, the rest at the queried ones
+    # step 0: keys and values at every index, the rest (queries, attention, MLP) at the queried ones
     emb = table[tokens].astype(hid.dtype)
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     resid, x_in = layer_inputs(params, config, emb, hid)
-    q, k_ctx, v_ctx = project_qkv(params["layer"], config.layer, x_in, positions)
+    k_ctx, v_ctx = project_kv(params["layer"], config.layer, x_in,
+                              jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)))
+    q = project_q(params["layer"], config.layer, gather(x_in), idx)
     visible = jnp.arange(T)[None, None, :] <= idx[:, :, None]                       # [B, W, T] causal
-    hid = layer_output(params, config, gather(resid), _window_attention(gather(q), k_ctx, v_ctx, visible, [], []))
+    hid = layer_output(params, config, gather(resid), _window_attention(q, k_ctx, v_ctx, visible, [], []))
     outs, ks, vs = [hid], [], []
     for i in range(1, n):
         if config.parallel_drafting:
@@ -207,7 +227,7 @@ def _window_attention(q: jax.Array, k_ctx: jax.Array, v_ctx: jax.Array, visible:
     Hkv = k_ctx.shape[2]
     qg = q.reshape(B, W, Hkv, Hq // Hkv, D)
     s_ctx = jnp.einsum("bwkgd,btkd->bkgwt", qg, k_ctx, preferred_element_type=jnp.float32) * D ** -0.5
-    s_ctx = jnp.where(visible[:, None, None], s_ctx, _MASK_VALUE)
+    s_ctx = jnp.where(visible[:, None, None], s_ctx, MASK_VALUE)
     if ks:
         s_own = jnp.einsum("bwkgd,bwskd->bkgws", qg, jnp.stack(ks, 2), preferred_element_type=jnp.float32)
         scores = jnp.concatenate([s_ctx, s_own * D ** -0.5], -1)
