@@ -112,13 +112,13 @@ def small_m_matmul_panels(x: jax.Array, w: PanelMatrix, *, parts: int | None = N
 
 
 def small_m_matmul_q4_1_int8(x: jax.Array, w: Q4_1Int8Matrix, *, parts: int | None = None) -> jax.Array:
-    """x [M, K] @ w in llama.cpp's Q4_1 x Q8_1 arithmetic (CPU only; any M): q4_1_int8_reference up to the float
+    """x [M, K] @ w in llama.cpp's Q4_1 x Q8_1 arithmetic (CPU only; any M): specjax.models.weights.q4_1_int8_reference up to the float
     rounding of its last sum; every row bit-identical whatever M, parts and core count."""
     return _block_product("small_m_matmul_q4_1_int8", build.Q4_1_INT8_TARGET, x, w, parts)
 
 
 def small_m_matmul_q8_0_int8(x: jax.Array, w: Q8_0Int8Matrix, *, parts: int | None = None) -> jax.Array:
-    """x [M, K] @ w.T in llama.cpp's Q8_0 x Q8_0 arithmetic (CPU only; any M): q8_0_int8_reference up to the float
+    """x [M, K] @ w.T in llama.cpp's Q8_0 x Q8_0 arithmetic (CPU only; any M): specjax.models.weights.q8_0_int8_reference up to the float
     rounding of its last sum; every row bit-identical whatever M, parts and core count."""
     return _block_product("small_m_matmul_q8_0_int8", build.Q8_0_INT8_TARGET, x, w, parts)
 
