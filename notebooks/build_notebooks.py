@@ -217,7 +217,7 @@ for prompt, text in zip(PROMPTS, plain.texts):
 ## One call per drafter family
 
 `SpecConfig(method=...)` picks the drafter and `drafter=` passes what it drafts from: a shipped name (or a loaded
-artifact, or a directory), nothing for prompt lookup. The calls are the README's "Using it" section:
+artifact, or a directory), nothing for prompt lookup. The calls are the README's "Quickstart" section:
 
 | method | drafter | what it is |
 | --- | --- | --- |
@@ -387,7 +387,7 @@ if REAL_TARGET:
   `tree_choices=specjax.trees.MEDUSA_63` (a static one).
 * Sampling: `SpecConfig(..., temperature=0.8, top_k=50, top_p=0.95)`; the output is then distributed exactly as the
   target's (speculative sampling), not token-identical.
-* Training-free drafters beside prompt lookup: `method="suffix"` and `method="lookahead"` (README, "Using it").
+* Training-free drafters beside prompt lookup: `method="suffix"` and `method="lookahead"` (README, "Quickstart").
 * `train_drafter.ipynb` trains a drafter head with the repository's recipes; `reproduce_paper_row.ipynb` measures a
   paper row (EAGLE-3 on Llama-3.1-8B-Instruct) on an accelerator.
 '''),

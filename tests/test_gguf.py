@@ -391,7 +391,7 @@ def test_gguf_int8_is_llama_cpp_arithmetic_near_the_float32_model(q4_1_gguf, tmp
     """load_model(..., weight_format="gguf_int8"): the same blocks in llama.cpp's arithmetic (8-bit activations,
     integer dots), a lossy model near the float32 one; it decodes plain and speculatively (its speculative tokens
     are NOT promised equal to its plain ones: the rest of the forward differs at float32 rounding between a
-    one-position step and a verify pass, which quantizing activations can amplify; the README says so)."""
+    one-position step and a verify pass, which quantizing activations can amplify; cpu_kernels/README.md says so)."""
     import specjax
     from cpu_kernels import build
     from specjax.models.weights import Q4_1Int8Matrix, Q8_0Int8Matrix
