@@ -3,7 +3,8 @@ decoding on one device, and every conformance factory, greedy, on a (2, 4) mesh;
 and stats. (Each factory's single-device greedy output is plain greedy output: the conformance greedy matrix checks
 that, so comparing with plain saves a compile per factory.)
 
-Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model, ngram,
+Coverage: every drafter module of the package runs here through its factory -- base (none), draft_model (and
+draft_model-target_embedding: our artifact of a draft reading the target's embedding, loaded by path), ngram,
 predicted, medusa (shared and target_head projections), eagle (eagle, eagle3), suffix (its global cache on the
 mesh), lookahead, mtp (mtp, mtp_heads), pard (and pard-target_embedding: our artifact, loaded by path), layer_skip
 (drafting over the target's sharded cache), dflash (and dflash-draft_vocab: draft_vocab.py's map and its scatter to
@@ -49,6 +50,10 @@ def main() -> None:
             from specjax.drafters import dflash
             dflash.save(os.path.join(tmp, "dflash"), drafter, target, "# conformance block drafter\n", dtype="float32")
             drafter = os.path.join(tmp, "dflash")
+        if name == "draft_model-target_embedding":   # our draft model artifact (layers, head, d2t), loaded by path
+            from specjax.drafters import draft_model
+            draft_model.save(os.path.join(tmp, "draft"), drafter, target, "# conformance draft\n", dtype="float32")
+            drafter = os.path.join(tmp, "draft")
         if name == "pard-target_embedding":   # our PARD artifact (layers, masks, d2t), loaded by path
             from specjax.drafters import pard
             pard.save_target_embedding(os.path.join(tmp, "pard"), drafter, target, "# conformance PARD\n",

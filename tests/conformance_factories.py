@@ -15,7 +15,7 @@ import numpy as np
 
 import specjax
 from specjax import SamplingParams, SpecConfig
-from specjax.drafters import dflash, medusa, pard
+from specjax.drafters import dflash, draft_model, medusa, pard
 from specjax.drafters.base import target_weight
 from specjax.drafters.suffix import SuffixCache
 from specjax.models import Model
@@ -130,6 +130,17 @@ def pard_target_embedding(c: "Case") -> pard.TargetEmbeddingPard:
     return pard.init_target_embedding(c.target, 1, 7, d2t=(ids - np.arange(len(ids))).astype(np.int64))
 
 
+def draft_from_target(c: "Case", draft_vocab: bool = True) -> draft_model.TargetEmbeddingDraft:
+    """A draft model made from the target as train.draft --init_layers makes one: the target's first layer and final
+    norm, reading the target's embedding, and its own head over the even target tokens and the common one (the
+    target's head columns; draft_vocab=False: the target's own head). A one-layer guess at the target: some drafts
+    accepted, many rejected, and with the draft vocabulary many of the target's tokens outside what it can draft."""
+    V = c.target.config.vocab_size
+    ids = np.union1d(np.arange(0, V, 2), [_most_common(c)])
+    d2t = (ids - np.arange(len(ids))).astype(np.int64) if draft_vocab else None
+    return draft_model.init_from_target(c.target, 1, d2t=d2t)
+
+
 def parallel_eagle(target: Model):
     return cached("p_eagle", target, lambda t: informative_eagle(t, "eagle3", parallel_drafting=True))
 
@@ -141,6 +152,13 @@ FACTORIES = {
                                           near(c.target)),
     "draft_model-dynamic_tree": lambda c: (dict(method="draft_model", num_steps=min(c.k, 3), topk=2,
                                                 num_draft_tokens=c.k + 1), near(c.target)),
+    "draft_model-target_embedding": lambda c: (dict(method="draft_model", num_speculative_tokens=c.k),
+                                               draft_from_target(c)),
+    "draft_model-target_embedding-static_tree": lambda c: (dict(method="draft_model", tree_choices=binary_tree(c.k)),
+                                                           draft_from_target(c)),
+    "draft_model-target_embedding-dynamic_tree": lambda c: (dict(method="draft_model", num_steps=min(c.k, 3), topk=2,
+                                                                 num_draft_tokens=c.k + 1),
+                                                            draft_from_target(c, draft_vocab=False)),
     "ngram": lambda c: (dict(method="ngram", num_speculative_tokens=c.k, prompt_lookup_min=1, prompt_lookup_max=3),
                         None),
     "predicted": lambda c: (dict(method="predicted", num_speculative_tokens=c.k),

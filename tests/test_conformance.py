@@ -8,11 +8,12 @@
   (e) greedy output on a (2, 4) mesh of 8 virtual devices == one device (tests/_conformance_mesh_worker.py).
 
 Adding a drafter = its file + one FACTORIES line (tests/conformance_factories.py). The factories cover every
-drafter module: base (none), draft_model (chains, static and dynamic trees), ngram, predicted, medusa (chain,
-static and dynamic trees), eagle (eagle, eagle-2 dynamic tree, eagle3, eagle3.1, P-EAGLE chain and trees), mtp
-(mtp, mtp_heads), suffix, lookahead, pard, dflash, layer_skip, and the repeat_last test drafter
-(tests/_repeat_last_drafter.py, written as a user would). Each factory's drafter must get some drafts accepted and some rejected on the test
-target, so that acceptance and rollback both run (asserted below).
+drafter module: base (none), draft_model (chains, static and dynamic trees; a Model, and a draft reading the target's
+embedding with and without a draft vocabulary), ngram, predicted, medusa (chain, static and dynamic trees), eagle
+(eagle, eagle-2 dynamic tree, eagle3, eagle3.1, P-EAGLE chain and trees), mtp (mtp, mtp_heads), suffix, lookahead,
+pard, dflash, layer_skip, and the repeat_last test drafter (tests/_repeat_last_drafter.py, written as a user would).
+Each factory's drafter must get some drafts accepted and some rejected on the test target, so that acceptance and
+rollback both run (asserted below).
 
 Nearly all the time here is XLA compiles (~5-15 s per new program on a 2-core CPU, a run takes well under a
 second), so the checks share programs: (b) and (c) share one batch, (a) and (d) one matrix.

@@ -300,12 +300,14 @@ class FeatureRows(NamedTuple):
 
 def label_tokens(rows, first_label: int = 0) -> np.ndarray:
     """Every label token of rows (LabeledRows: inside each row's span; a plain [N, R] array: columns first_label
-    on), flat."""
+    on; a 1-D token stream, packed windows' source: its tokens from first_label on), flat."""
     if isinstance(rows, LabeledRows):
         tokens = np.asarray(rows.tokens)
         cols = np.arange(tokens.shape[1])[None, :]
         keep = (cols >= np.asarray(rows.first_label)[:, None]) & (cols < np.asarray(rows.label_end)[:, None])
         return tokens[keep]
+    if np.ndim(rows) == 1:
+        return np.asarray(rows[first_label:])
     return np.asarray(rows[:, first_label:]).ravel()
 
 

@@ -101,15 +101,6 @@ drafter=<this dir>)), stored as bfloat16. {published_note}
 """
 
 
-def _kind_from_argv(argv) -> str:
-    for i, a in enumerate(argv):
-        if a.startswith("--kind="):
-            return a.split("=", 1)[1]
-        if a == "--kind" and i + 1 < len(argv):
-            return argv[i + 1]
-    return "eagle"
-
-
 def drafter_config(F, target) -> eagle.EagleConfig:
     layers = None if not F.target_layers else tuple(int(x) for x in F.target_layers)
     kw = dict(hidden_size=F.draft_hidden, intermediate_size=F.draft_intermediate, num_heads=F.draft_heads,
@@ -293,7 +284,7 @@ RECIPES = {k: recipe(k) for k in eagle.KINDS}
 RECIPE = RECIPES["eagle"]
 
 if __name__ == "__main__":
-    kind = _kind_from_argv(sys.argv[1:])
+    kind = skeleton.argv_flag(sys.argv[1:], "kind", "eagle")
     if kind not in RECIPES:
         raise SystemExit(f"--kind must be one of {eagle.KINDS}, got {kind!r}")
     skeleton.main(RECIPES[kind])

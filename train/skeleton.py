@@ -154,6 +154,17 @@ def define_llama_flags(*, hidden: int, layers: int, heads: int, kv_heads: int, i
     flags.DEFINE_integer("intermediate", intermediate, "MLP size")
 
 
+def argv_flag(argv: Sequence[str], name: str, default: str | None = None) -> str | None:
+    """The value of --name on a command line before absl parses it (a module whose flags pick its Recipe: its
+    defaults differ), or default."""
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+        if a == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return default
+
+
 def main(recipe: Recipe) -> None:
     """Define the shared flags with the recipe's defaults, parse the command line, run."""
     unknown = set(recipe.defaults) - set(_SHARED_FLAGS) - {"vocab_size", "tokenizer"}

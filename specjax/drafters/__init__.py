@@ -11,8 +11,9 @@ pard, medusa) is a package of one module per job:
   __init__.py    what the drafter is (its docstring), and the package's public names re-exported, so callers write
                  `from specjax.drafters import dflash; dflash.load(...)` whatever module holds the name.
 A package may add a module for a job of its own (eagle's vocab.py: EAGLE-3's draft vocabulary).
-A drafter without an artifact of its own (ngram, suffix, lookahead, predicted, layer_skip, and draft_model, which
-loads a plain model) is a single module. Shared pieces sit beside them: base (the Drafter protocol and drafting
+A drafter without an artifact of its own (ngram, suffix, lookahead, predicted, layer_skip) is a single module, and
+so is draft_model: it loads a plain model, and its one artifact (a draft that reads the target's embedding,
+TargetEmbeddingDraft) holds nothing but a model's own tensors, saved and loaded beside the drafter. Shared pieces sit beside them: base (the Drafter protocol and drafting
 helpers), registry, artifacts (the artifact directory format), draft_vocab (draft vocabulary maps).
 """
 from specjax.drafters.base import Context, Draft, Drafter, NullDrafter, Verified

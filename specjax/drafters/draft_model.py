@@ -10,38 +10,82 @@ specjax.tree_search: children are the drafter's top-k tokens (deterministic, in 
 exact for any tree shape, including one pruned by draft scores). Each depth re-runs the draft model over the
 partial tree (tree mask, nothing committed to its cache); simple, and the draft model is small. The catch-up feeds the last
 max_depth + 1 committed tokens, since a tree step never fed the accepted path in sequence order.
+
+A draft model is a Model (an HF directory: its own embedding and vocabulary), or, for a target whose vocabulary makes
+an own embedding too large to ship (SmolLM2-135M's 49152 x 576 table is a fifth of it), a TargetEmbeddingDraft: a
+specjax drafter artifact (kind "draft_model") of decoder layers of the target's width that embed tokens with the
+TARGET's embedding (target_weights), a final norm, and an LM head over a draft vocabulary of N frequent target
+tokens (d2t, specjax.drafters.draft_vocab; drafts and their q live over the target's vocabulary, every other token
+at probability 0, so speculative sampling stays exact) or, without one, the target's own output head.
+init_from_target makes one from the target's first layers (train.draft --init_layers distills it).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec
 
-from specjax import tree_search
+from specjax import checkpoints, tree_search
 from specjax.cache import KVCache
-from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens
+from specjax.drafters import artifacts
+from specjax.drafters.base import (Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens,
+                                   target_weight)
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
-from specjax.models.llama import forward, kv_heads
+from specjax.models.llama import ForwardOut, forward, init_params, kv_heads
 from specjax.models.model import Model, load_model
 from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec
 
 
+KIND = "draft_model"                  # a TargetEmbeddingDraft artifact's specjax_drafter
+
+
+@dataclasses.dataclass
+class TargetEmbeddingDraft:
+    """A loaded draft model that embeds tokens with the target's embedding (the module docstring).
+
+    config: its decoder layers (the target's layer shapes: hidden_size and vocab_size are the target's).
+    params: {"layers": [...], "final_norm": [H], "lm_head": [H, N] with a draft vocabulary}; no "embed" (the
+      target's, read at decode time) and, without a draft vocabulary, no head (the target's output head).
+    d2t: the draft vocabulary map (int64 [N], target id = draft id + d2t), or None.
+    """
+    config: ModelConfig
+    params: dict
+    d2t: np.ndarray | None = None
+    name: str = ""
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return None if self.d2t is None else len(self.d2t)
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftModelDrafter:
     k: int
-    config: ModelConfig
+    config: ModelConfig               # the draft's; a TargetEmbeddingDraft's with vocab_size = its head's width
     cache_size: int
     implementation: str = "xla"
     tree: TreeSpec | None = None      # a static tree of k + 1 nodes
     num_steps: int = 0                # > 0: a dynamic tree of num_steps depth, topk children per node
     topk: int = 0
-    target_layers = ()                # reads nothing of the target but its tokens
-    target_weights = ()
+    target_embedding: bool = False    # a TargetEmbeddingDraft: embeds with the target's embedding
+    vocab_size: int | None = None     # with a draft vocabulary (params["vocab_map"]): the target's V, which the
+                                      # config.vocab_size = N draft logits are scattered to
+    target_layers = ()                # reads nothing of the target's features, only its tokens
+
+    @property
+    def target_weights(self) -> tuple[str, ...]:
+        if not self.target_embedding:
+            return ()
+        return ("embed",) if self.vocab_size else ("embed", "output_head")
 
     @property
     def is_tree(self) -> bool:
@@ -57,9 +101,14 @@ class DraftModelDrafter:
         * topk nodes past the committed tokens) can outgrow the k + 1 verify slots the buffer reserves."""
         return max(0, (num_steps - 1) * topk - (k + 1))
 
-    def _forward(self, params, ctx: Context, tokens: jax.Array, cache: KVCache, **kw):
-        """The draft's forward over tokens (a drafter that embeds or projects differently, PARD's, has its own)."""
-        return forward(params, self.config, tokens, cache, implementation=self.implementation, **kw)
+    def _forward(self, params, ctx: Context, tokens: jax.Array, cache: KVCache, **kw) -> ForwardOut:
+        """The draft's forward over tokens, its logits over the TARGET's vocabulary (a drafter that embeds or
+        projects differently, PARD's, has its own)."""
+        out = forward(forward_params(params, ctx.target_weights) if self.target_embedding else params, self.config,
+                      tokens, cache, implementation=self.implementation, **kw)
+        if self.vocab_size:
+            out = out._replace(logits=full_vocab_logits(out.logits, params["vocab_map"], self.vocab_size))
+        return out
 
     def init(self, params, ctx: Context, target_out, sp):
         B = ctx.tokens.shape[0]
@@ -71,8 +120,8 @@ class DraftModelDrafter:
         out = self._forward(params, ctx, prompt, cache, logits_at=ctx.prompt_length - 1)
         return out.cache.replace(lengths=ctx.prompt_length)
 
-    def _step(self, params, cache, tokens, key, sp: SamplingParams):
-        out = forward(params, self.config, tokens, cache, implementation=self.implementation)
+    def _step(self, params, ctx: Context, cache, tokens, key, sp: SamplingParams):
+        out = self._forward(params, ctx, tokens, cache)
         cache = out.cache.replace(lengths=cache.lengths + tokens.shape[1])
         return (cache,) + pick_tokens(out.logits[:, -1], key, sp)                # tokens [B], q, confidence
 
@@ -87,13 +136,15 @@ class DraftModelDrafter:
         behind = jnp.any(ctx.length - 1 > cache.lengths)
         cache, tok, probs, conf = lax.cond(
             behind,
-            lambda c: self._step(params, c.replace(lengths=ctx.length - 2), last_tokens(ctx, 2), step_keys[:, 0], sp),
-            lambda c: self._step(params, c.replace(lengths=ctx.length - 1), last_tokens(ctx, 1), step_keys[:, 0], sp),
+            lambda c: self._step(params, ctx, c.replace(lengths=ctx.length - 2), last_tokens(ctx, 2), step_keys[:, 0],
+                                 sp),
+            lambda c: self._step(params, ctx, c.replace(lengths=ctx.length - 1), last_tokens(ctx, 1), step_keys[:, 0],
+                                 sp),
             cache)
 
         def body(carry, key_i):
             cache, tok = carry
-            cache, nxt, p, c = self._step(params, cache, tok[:, None], key_i, sp)
+            cache, nxt, p, c = self._step(params, ctx, cache, tok[:, None], key_i, sp)
             return (cache, nxt), (nxt, p, c)
 
         (cache, _), rest = chain_scan(body, (cache, tok), jnp.swapaxes(step_keys[:, 1:], 0, 1), ctx, conf)
@@ -104,8 +155,7 @@ class DraftModelDrafter:
         cache, root_logits = self._catch_up(params, cache, ctx, self.tree_depth + 1)
         root = last_tokens(ctx, 1)[:, 0]
         # each depth re-runs the draft model over the whole partial tree with its mask; nothing is committed
-        run = lambda toks, depths, mask: forward(params, self.config, toks, cache, depths=depths, mask=mask,
-                                                 implementation=self.implementation).logits
+        run = lambda toks, depths, mask: self._forward(params, ctx, toks, cache, depths=depths, mask=mask).logits
         tree = tree_search.search_by_rerun(self.tree, self.num_steps, self.topk, self.k + 1, root, root_logits, run)
         return Draft(tree.tokens[:, 1:], None, tree), cache
 
@@ -115,7 +165,7 @@ class DraftModelDrafter:
         the block runs past the root into stale slots, which lie beyond the new length and are never read."""
         start = jnp.maximum(ctx.length - width, 0)                                  # [B]
         block = jnp.take_along_axis(ctx.tokens, start[:, None] + jnp.arange(width), axis=1)   # [B, width]
-        out = forward(params, self.config, block, cache.replace(lengths=start), implementation=self.implementation)
+        out = self._forward(params, ctx, block, cache.replace(lengths=start))
         root_at = (ctx.length - 1 - start)[:, None, None]
         return out.cache.replace(lengths=ctx.length), jnp.take_along_axis(out.logits, root_at, axis=1)[:, 0]
 
@@ -143,24 +193,154 @@ def check_same_vocabulary(target, draft, extra_tokens: int = 0) -> None:
                              "different strings): the draft was made for another tokenizer")
 
 
-def _load(target: Model, path_or_name: str) -> Model:
-    return load_model(path_or_name)                  # a directory or a shipped model's name
+# ------------------------------------------------------------------------- a draft reading the target's embedding
+
+def forward_params(params: dict, target_weights: dict) -> dict:
+    """A TargetEmbeddingDraft's params as llama.forward reads them: the target's embedding for the input and, without
+    an own head over a draft vocabulary, the target's output head as the target stores it (a tied one read in
+    place). target_weights: {"embed", "output_head"} as TARGET_WEIGHTS gives them (the drafter's ctx, or
+    target_weight() of the target's params in training)."""
+    head = {} if "lm_head" in params else target_weights["output_head"]
+    return {**params, **head, "embed": target_weights["embed"]}        # a tied head's "embed" is the same table
+
+
+def init_from_target(target: Model, num_layers: int, *, from_layers: tuple[int, ...] | None = None, d2t=None,
+                     seed: int = 0) -> TargetEmbeddingDraft:
+    """A TargetEmbeddingDraft to train: its layers copies of the target's layers from_layers (one index per draft
+    layer; default the first num_layers) or random normal(0, 0.02) ones (from_layers=()), the target's final norm,
+    and with d2t an own head of the target's LM-head columns for those tokens. With every layer of the target and no
+    d2t it computes the target's own logits. The target's layers must be row-major float32 arrays (load it with
+    weight_format="float32")."""
+    cfg = dataclasses.replace(target.config, num_layers=num_layers)      # the target's layer shapes
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    if from_layers is None:
+        from_layers = tuple(range(num_layers))
+    if from_layers:
+        if len(from_layers) != num_layers:
+            raise ValueError(f"from_layers {list(from_layers)} names {len(from_layers)} target layers for a draft of "
+                             f"{num_layers}")
+        bad = [l for l in from_layers if not 0 <= l < target.config.num_layers]
+        if bad:
+            raise ValueError(f"from_layers {bad} out of range: the target has {target.config.num_layers} decoder "
+                             "layers")
+        layers = [jax.tree.map(f32, dict(target.params["layers"][l])) for l in from_layers]
+    else:
+        layers = init_params(cfg, jax.random.PRNGKey(seed))["layers"]
+    if any(set(lp) != set(layers[0]) or "wq" not in lp for lp in layers):
+        raise ValueError("a draft copies row-major float32 layers (wq, wk, ...): load the target with "
+                         "weight_format='float32'")
+    params = {"layers": layers, "final_norm": f32(target.params["final_norm"])}
+    if d2t is not None:
+        d2t = check_vocab_map(d2t, cfg.vocab_size, len(d2t), "init_from_target")
+        params["lm_head"] = f32(target_weight(target.params, "lm_head"))[:, draft_to_target(d2t)]
+    return TargetEmbeddingDraft(cfg, params, d2t)
+
+
+def target_embedding_shapes(cfg: ModelConfig, draft_vocab_size: int | None) -> dict[str, tuple[int, ...]]:
+    """The flat tensor names and shapes of a draft that reads the target's embedding (layers, final norm, and an own
+    head over a draft vocabulary of draft_vocab_size tokens): a TargetEmbeddingDraft's, and PARD's beside its mask
+    rows."""
+    want = {"layers": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["layers"],
+            "final_norm": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
+    if draft_vocab_size is not None:
+        want["lm_head"] = jax.ShapeDtypeStruct((cfg.hidden_size, int(draft_vocab_size)), jnp.float32)
+    return {k: tuple(v.shape) for k, v in artifacts.flatten_params(want).items()}
+
+
+def target_embedding_params(tensors: dict, shapes: dict, cfg: ModelConfig, draft_vocab_size: int | None,
+                            where: str) -> tuple[dict, np.ndarray | None]:
+    """An artifact's flat tensors -> (params, d2t), checked against the names and shapes its config describes
+    (shapes: target_embedding_shapes' and any of the kind's own) and its d2t against the target's vocabulary."""
+    artifacts.check_shapes(tensors, shapes, f"{where}: tensors")
+    params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
+    if draft_vocab_size is None:
+        return params, None
+    if "d2t" not in tensors:
+        raise ValueError(f"{where} has a draft vocabulary of {draft_vocab_size} but no d2t map")
+    return params, check_vocab_map(tensors["d2t"], cfg.vocab_size, int(draft_vocab_size), where)
+
+
+def save(path: str | os.PathLike, draft: TargetEmbeddingDraft, target: Model, manifest: str,
+         dtype: str = "bfloat16") -> None:
+    """A TargetEmbeddingDraft as a specjax drafter artifact (kind "draft_model": its layer config and draft
+    vocabulary size; its layers, final norm and head under flat names, the d2t map exactly as int64; the target's
+    fingerprint). The target's embedding is not stored: the drafter reads it from the target."""
+    check_target(target, draft)
+    tensors = dict(artifacts.flatten_params(jax.device_get(draft.params)))
+    if draft.d2t is not None:
+        tensors["d2t"] = np.asarray(draft.d2t, np.int64)
+    config = {"layers": draft.config.to_hf(), "draft_vocab_size": draft.draft_vocab_size}
+    artifacts.save_artifact(path, KIND, config, tensors, target, manifest, dtype)
+
+
+def load(path_or_name: str | os.PathLike, target: Model) -> TargetEmbeddingDraft:
+    """A TargetEmbeddingDraft artifact (save) -> the draft (float32), checked against `target`: the artifact must
+    have been made for it (specjax.drafters.artifacts), since the draft embeds with the target's table."""
+    config, tensors = artifacts.load_artifact(path_or_name, target, KIND)
+    where = f"draft model artifact {os.fspath(path_or_name)!r}"
+    try:
+        cfg, N = ModelConfig.from_hf(config["layers"]), config["draft_vocab_size"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: config does not describe a draft reading the target's embedding (needs layers, "
+                         f"draft_vocab_size: {e!r})") from None
+    params, d2t = target_embedding_params(tensors, target_embedding_shapes(cfg, N), cfg, N, where)
+    extra = sorted(set(tensors) - set(target_embedding_shapes(cfg, N)) - {"d2t"})
+    if extra:
+        raise ValueError(f"{where} has unexpected tensors {extra}")
+    draft = TargetEmbeddingDraft(cfg, params, d2t, os.path.basename(os.path.normpath(os.fspath(path_or_name))))
+    check_target(target, draft)
+    return draft
+
+
+def check_target(target: Model, draft: TargetEmbeddingDraft) -> None:
+    """ValueError naming the mismatch when `draft` cannot embed with, and draft for, `target`: the target's
+    embedding table must be the vocab_size x hidden_size one the draft's layers were made for."""
+    cfg, tc, name = draft.config, target.config, draft.name or "(unnamed)"
+    if (cfg.vocab_size, cfg.hidden_size) != (tc.vocab_size, tc.hidden_size):
+        raise ValueError(f"draft model {name!r} embeds with its target's embedding table of {cfg.vocab_size} tokens x "
+                         f"{cfg.hidden_size}; the target {target.name!r} has {tc.vocab_size} x {tc.hidden_size} (it was "
+                         "made for another target)")
+    if draft.d2t is not None:
+        check_vocab_map(draft.d2t, tc.vocab_size, len(draft.d2t), f"draft model {name!r}")
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+def _load(target: Model, path_or_name: str) -> Model | TargetEmbeddingDraft:
+    """A model directory or shipped model name -> its Model; our artifact of a draft reading the target's embedding
+    -> a TargetEmbeddingDraft."""
+    path = checkpoints.resolve(path_or_name, "model")
+    if os.path.isdir(path) and checkpoints.artifact_kind(path) == KIND:
+        return load(path, target)
+    return load_model(path_or_name)
 
 
 def _build(req: BuildRequest):
     config, draft = req.config, req.drafter
     if draft is None:
-        raise TypeError("method='draft_model' needs drafter=<a loaded specjax Model, a model directory or a "
-                        "shipped model name>, got None")
-    check_same_vocabulary(req.target, draft)
+        raise TypeError(f"method='draft_model' needs drafter=<{_ACCEPTS}>, got None")
+    V = req.target.config.vocab_size
+    if isinstance(draft, TargetEmbeddingDraft):
+        check_target(req.target, draft)
+        vocab = draft.draft_vocab_size or V
+    else:
+        check_same_vocabulary(req.target, draft)
+        vocab = V
     steps, topk = (config.num_steps or 0), (config.topk or 0)        # 0: chain or static tree
     width = config.tree.topk if config.tree is not None else topk
-    if width > req.target.config.vocab_size:
-        raise ValueError(f"the tree asks for the top-{width} draft tokens per node but the vocabulary has only "
-                         f"{req.target.config.vocab_size}")
-    extra = DraftModelDrafter.extra_cache_slots(config.k, steps, topk)
-    return DraftModelDrafter(config.k, draft.config, req.buffer_len + extra, config.implementation, config.tree,
-                             steps, topk), draft.params
+    if width > vocab:
+        raise ValueError(f"the tree asks for the top-{width} draft tokens per node but the draft's vocabulary has "
+                         f"only {vocab}")
+    size = req.buffer_len + DraftModelDrafter.extra_cache_slots(config.k, steps, topk)
+    if not isinstance(draft, TargetEmbeddingDraft):
+        return DraftModelDrafter(config.k, draft.config, size, config.implementation, config.tree, steps,
+                                 topk), draft.params
+    N = draft.draft_vocab_size
+    params = draft.params if N is None else dict(draft.params, vocab_map=jnp.asarray(draft_to_target(draft.d2t),
+                                                                                     jnp.int32))
+    head = dataclasses.replace(draft.config, vocab_size=vocab)         # the width of the head it projects through
+    return DraftModelDrafter(config.k, head, size, config.implementation, config.tree, steps, topk,
+                             target_embedding=True, vocab_size=V if N else None), params
 
 
 def prepare_llama_params(drafter, params, mesh):
@@ -176,6 +356,20 @@ def llama_param_specs(drafter, params, mesh):
     return param_specs(drafter.config, params, mesh)
 
 
-register(DrafterSpec("draft_model", _build, accepts="a specjax Model, a model directory or a shipped model name",
-                     load=_load, artifact=Model, trees=True, prepare_params=prepare_llama_params,
-                     param_specs=llama_param_specs))
+def _prepare_params(drafter: DraftModelDrafter, params, mesh):
+    """A Model draft is laid out like the target; one reading the target's embedding (a few layers and a small
+    head) stays replicated."""
+    return params if drafter.target_embedding else prepare_llama_params(drafter, params, mesh)
+
+
+def _param_specs(drafter: DraftModelDrafter, params, mesh):
+    if drafter.target_embedding:
+        return jax.tree.map(lambda _: PartitionSpec(), params)
+    return llama_param_specs(drafter, params, mesh)
+
+
+_ACCEPTS = ("a specjax Model, a model directory or a shipped model name, or a draft reading the target's "
+            "embedding (its artifact directory, draft_model.load(...) or a TargetEmbeddingDraft)")
+
+register(DrafterSpec(KIND, _build, accepts=_ACCEPTS, load=_load, artifact=(Model, TargetEmbeddingDraft), trees=True,
+                     prepare_params=_prepare_params, param_specs=_param_specs))

@@ -1,5 +1,5 @@
-"""What the drafter losses share: the frozen target's forward over whole rows and the per-token terms (soft
-cross-entropy, forward KL, masked means)."""
+"""What the drafter losses share: the frozen target's forward over whole rows, how a draft under training embeds and
+projects (DraftHead), and the per-token terms (soft cross-entropy, forward KL, masked means)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -9,8 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.cache import KVCache
+from specjax.drafters import draft_model
+from specjax.drafters.base import target_weight
+from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target
 from specjax.models.config import ModelConfig
-from specjax.models.llama import ForwardOut, forward, kv_heads
+from specjax.models.llama import ForwardOut, forward, kv_heads, lm_head
 from train.data import FeatureRows, LabeledRows
 
 
@@ -83,6 +86,41 @@ def target_features(batch, first_label: int, params: dict, cfg: ModelConfig, lay
         return batch.rows, TargetFeatures(None, batch.hidden, tuple(batch.layers[l] for l in layers), batch.top)
     rows = labeled(batch, first_label)
     return rows, frozen_target_features(params, cfg, rows.tokens, layers, logits)
+
+
+class DraftHead(NamedTuple):
+    """How a draft LM under training (a draft model, a PARD draft) embeds its tokens and projects its outputs
+    (static: closed over by the loss): target_embedding, it reads the target's embedding (a TargetEmbeddingDraft or
+    TargetEmbeddingPard) else its own; draft_ids, the target id of each entry of its own head over a draft
+    vocabulary (int32 [N]) or None; vocab_size, the target's."""
+    target_embedding: bool
+    draft_ids: jax.Array | None
+    vocab_size: int
+
+    @staticmethod
+    def of(vocab_size: int, target_embedding: bool = False, d2t=None) -> "DraftHead":
+        if d2t is not None and not target_embedding:
+            raise ValueError("a draft vocabulary (d2t) is for a draft reading the target's embedding")
+        ids = None if d2t is None else jnp.asarray(draft_to_target(check_vocab_map(d2t, vocab_size, len(d2t),
+                                                                                  "draft loss")), jnp.int32)
+        return DraftHead(target_embedding, ids, vocab_size)
+
+    def forward_params(self, params: dict, target_params: dict) -> dict:
+        """The draft's params as llama.forward reads them: a draft reading the target's embedding gets it, and
+        without its own head the target's output head, as the drafter does at decode time
+        (specjax.drafters.draft_model.forward_params)."""
+        if not self.target_embedding:
+            return params
+        return draft_model.forward_params(params, {n: target_weight(target_params, n, self.vocab_size)
+                                                   for n in ("embed", "output_head")})
+
+    def logits(self, params: dict, target_params: dict, hidden: jax.Array) -> jax.Array:
+        """Final-normed hidden [..., H] -> float32 logits [..., N | V] (the draft vocabulary's, else the target's
+        vocabulary: an own-vocabulary draft's extra columns, PARD's masks, cut off)."""
+        return lm_head(self.forward_params(params, target_params), hidden)[..., :self.vocab_size]
+
+    def target_ids(self, draft_tokens: jax.Array) -> jax.Array:
+        return draft_tokens if self.draft_ids is None else self.draft_ids[draft_tokens]
 
 
 def sample_anchors(rng: jax.Array, rows: LabeledRows, num: int) -> jax.Array:

@@ -11,12 +11,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import target_weight
-from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, t2d_from_d2t, target_to_draft
+from specjax.drafters.draft_vocab import t2d_from_d2t, target_to_draft
 from specjax.drafters.pard import embed_tokens
 from specjax.models.config import ModelConfig
-from specjax.models.llama import lm_head
-from train.losses.common import causal_forward, forward_kl, frozen_target_features, label_mask, labeled, \
-    masked_mean, sample_anchors, target_features
+from train.losses.common import DraftHead, causal_forward, forward_kl, frozen_target_features, label_mask, \
+    labeled, masked_mean, sample_anchors, target_features
 
 # Parallel drafting (specjax.drafters.pard) trained in one forward per batch, no per-cut-point copies. The inputs
 # x_0..x_{T-1} are stream 0 (ordinary next-token prediction); for each of n context ends c_i, stream j = 1..k-1
@@ -39,38 +38,6 @@ def pard_stream_mask(ends: jax.Array, T: int, k: int) -> jax.Array:
     qs, qe, qi = stream[:, None], end[:, None], ctx_id[:, None]
     ks, ke, ki = stream[None, :], end[None, :], ctx_id[None, :]
     return ((ks == 0) & (ke <= qe)) | ((qs >= 1) & (ks >= 1) & (ki == qi) & (ks <= qs))
-
-
-class DraftHead(NamedTuple):
-    """How a PARD draft under training embeds its tokens and projects its outputs (static: closed over by the loss):
-    target_embedding, it reads the target's embedding (a TargetEmbeddingPard) else its own; draft_ids, the target
-    id of each entry of its own head over a draft vocabulary (int32 [N]) or None; vocab_size, the target's."""
-    target_embedding: bool
-    draft_ids: jax.Array | None
-    vocab_size: int
-
-    @staticmethod
-    def of(vocab_size: int, target_embedding: bool = False, d2t=None) -> "DraftHead":
-        if d2t is not None and not target_embedding:
-            raise ValueError("a draft vocabulary (d2t) is for a PARD draft reading the target's embedding")
-        ids = None if d2t is None else jnp.asarray(draft_to_target(check_vocab_map(d2t, vocab_size, len(d2t),
-                                                                                  "PARD loss")), jnp.int32)
-        return DraftHead(target_embedding, ids, vocab_size)
-
-    def forward_params(self, params: dict, target_params: dict) -> dict:
-        """The draft's params as llama.forward reads them: a TargetEmbeddingPard without its own head projects
-        through the target's."""
-        if not self.target_embedding or self.draft_ids is not None:
-            return params
-        return dict(params, **target_weight(target_params, "output_head", self.vocab_size))
-
-    def logits(self, params: dict, target_params: dict, hidden: jax.Array) -> jax.Array:
-        """Final-normed hidden [..., H] -> float32 logits [..., N | V] (the draft vocabulary's, else the target's
-        vocabulary: an own-vocabulary draft's mask columns cut off)."""
-        return lm_head(self.forward_params(params, target_params), hidden)[..., :self.vocab_size]
-
-    def target_ids(self, draft_tokens: jax.Array) -> jax.Array:
-        return draft_tokens if self.draft_ids is None else self.draft_ids[draft_tokens]
 
 
 def pard_stream_hidden(params: dict, cfg: ModelConfig, inputs: jax.Array, mask_token_ids: Sequence[int], k: int,

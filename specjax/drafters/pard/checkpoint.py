@@ -12,12 +12,12 @@ import numpy as np
 
 from specjax.checkpoints import resolve
 from specjax.drafters import artifacts
-from specjax.drafters.draft_model import check_same_vocabulary
+from specjax.drafters.draft_model import (check_same_vocabulary, target_embedding_params,
+                                         target_embedding_shapes)
 from specjax.drafters.draft_vocab import check_vocab_map
 from specjax.drafters.pard.config import CONFIG_KEY, KIND, PardModel, TargetEmbeddingPard
 from specjax.models.config import ModelConfig
 from specjax.models.hf_io import load_pretrained, save_pretrained
-from specjax.models.llama import init_params
 from specjax.models.model import Model
 
 
@@ -60,19 +60,8 @@ def load_target_embedding(path_or_name: str | os.PathLike, target) -> TargetEmbe
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where}: config does not describe a PARD draft reading the target's embedding "
                          f"(needs layers, num_masks, draft_vocab_size: {e!r})") from None
-    H, spec = cfg.hidden_size, lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    want = {"layers": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["layers"],
-            "final_norm": spec(H), "mask_embed": spec(m, H)}
-    if N is not None:
-        want["lm_head"] = spec(H, int(N))
-    shapes = {k: tuple(v.shape) for k, v in artifacts.flatten_params(want).items()}
-    artifacts.check_shapes(tensors, shapes, f"{where}: tensors")
-    params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
-    d2t = None
-    if N is not None:
-        if "d2t" not in tensors:
-            raise ValueError(f"{where} has a draft vocabulary of {N} but no d2t map")
-        d2t = check_vocab_map(tensors["d2t"], cfg.vocab_size, int(N), where)
+    shapes = dict(target_embedding_shapes(cfg, N), mask_embed=(m, cfg.hidden_size))
+    params, d2t = target_embedding_params(tensors, shapes, cfg, N, where)
     return TargetEmbeddingPard(cfg, params, os.path.basename(os.path.normpath(os.fspath(path_or_name))), d2t)
 
 

@@ -11,9 +11,8 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from specjax.drafters.base import target_weight
-from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target
+from specjax.drafters.draft_model import init_from_target
 from specjax.models.config import ModelConfig
-from specjax.models.llama import init_params
 from specjax.models.model import Model
 
 
@@ -53,34 +52,14 @@ class TargetEmbeddingPard:
 
 def init_target_embedding(target, num_layers: int, num_masks: int, *, from_layers: tuple[int, ...] | None = None,
                           d2t=None, seed: int = 0) -> TargetEmbeddingPard:
-    """A TargetEmbeddingPard to train: its layers copies of the target's layers from_layers (one index per draft
-    layer; default the first num_layers) or random (from_layers=()), the target's final norm, every mask row the
-    mean embedding, and with d2t an own head from the target's LM-head columns."""
-    cfg = dataclasses.replace(target.config, num_layers=num_layers)      # the target's layer shapes
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
-    if from_layers is None:
-        from_layers = tuple(range(num_layers))
-    if from_layers:
-        if len(from_layers) != num_layers:
-            raise ValueError(f"from_layers {list(from_layers)} names {len(from_layers)} target layers for a draft of "
-                             f"{num_layers}")
-        bad = [l for l in from_layers if not 0 <= l < target.config.num_layers]
-        if bad:
-            raise ValueError(f"from_layers {bad} out of range: the target has {target.config.num_layers} decoder "
-                             "layers")
-        layers = [jax.tree.map(f32, dict(target.params["layers"][l])) for l in from_layers]
-    else:
-        layers = init_params(cfg, jax.random.PRNGKey(seed))["layers"]
-    if any(set(lp) != set(layers[0]) or "wq" not in lp for lp in layers):
-        raise ValueError("init_target_embedding copies row-major float32 layers (wq, wk, ...): load the target "
-                         "with weight_format='float32'")
-    embed = f32(target_weight(target.params, "embed"))
-    params = {"layers": layers, "final_norm": f32(target.params["final_norm"]),
-              "mask_embed": jnp.broadcast_to(jnp.mean(embed, 0), (num_masks, cfg.hidden_size))}
-    if d2t is not None:
-        d2t = check_vocab_map(d2t, cfg.vocab_size, len(d2t), "init_target_embedding")
-        params["lm_head"] = f32(target_weight(target.params, "lm_head"))[:, draft_to_target(d2t)]
-    return TargetEmbeddingPard(cfg, params, "", d2t)
+    """A TargetEmbeddingPard to train: a draft model reading the target's embedding as
+    specjax.drafters.draft_model.init_from_target makes one (its layers copies of the target's layers from_layers,
+    default the first num_layers, or random with from_layers=(); the target's final norm; with d2t an own head from
+    the target's LM-head columns), and every mask row the mean embedding."""
+    draft = init_from_target(target, num_layers, from_layers=from_layers, d2t=d2t, seed=seed)
+    embed = jnp.asarray(target_weight(target.params, "embed"), jnp.float32)
+    params = dict(draft.params, mask_embed=jnp.broadcast_to(jnp.mean(embed, 0), (num_masks, draft.config.hidden_size)))
+    return TargetEmbeddingPard(draft.config, params, "", draft.d2t)
 
 
 def mask_tokenizer(tokenizer, num_masks: int):

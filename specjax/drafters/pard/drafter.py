@@ -55,7 +55,7 @@ class PardDrafter:
 
     def _forward(self, params, ctx: Context, tokens: jax.Array, cache: KVCache, **kw):
         if not self.reads_target_embedding:
-            return DraftModelDrafter._forward(self, params, ctx, tokens, cache, **kw)
+            return forward(params, self.config, tokens, cache, implementation=self.implementation, **kw)
         w = ctx.target_weights
         x = embed_tokens(params["mask_embed"], w["embed"], tokens)                       # [B, T, H]
         # the target's head as it stores it (a tied one read in place), or the draft vocabulary's own
