@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import specjax
-import specjax.drafters.draft_model as draft_model
 import specjax.verify as verify
 from specjax import SpecConfig
 from specjax.drafters import registry
 from specjax.drafters.base import Context, chain_scan
+from specjax.drafters.draft_model import drafter as draft_model_drafter
 from conformance_factories import FACTORIES, N_SAMPLES, Case, run, sampled_pvalue, with_planted_bug
 from test_conformance import sampled_run
 from test_one_position_steps import check_counts
@@ -79,12 +79,12 @@ def test_planted_bug_fails_the_gated_sampling_test(target, exact_three, sampled_
 def test_gating_on_the_sampled_token_fails_the_sampling_test(target, exact_three, sampled_case, monkeypatch):
     """Gating on the probability of the token drawn (rather than the distribution's top probability) verifies a
     sampled draft or not according to the draw: biased, and the same test must say so."""
-    real = draft_model.pick_tokens
+    real = draft_model_drafter.pick_tokens
 
     def on_the_draw(logits, key, sp):
         tokens, probs, _ = real(logits, key, sp)
         return tokens, probs, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
-    _, res = with_planted_bug(monkeypatch, draft_model, "pick_tokens", on_the_draw,
+    _, res = with_planted_bug(monkeypatch, draft_model_drafter, "pick_tokens", on_the_draw,
                               lambda: sampled_run("draft_model", sampled_case, fresh=True, gate=THRESHOLD))
     p = sampled_pvalue(res, target, exact_three)
     print(f"gated on the draw: p-value {p:.3g}")

@@ -19,6 +19,7 @@ import specjax
 from specjax import SpecConfig
 from specjax.cache import KVCache
 from specjax.drafters import draft_model, registry
+from specjax.drafters.draft_model import drafter as draft_model_drafter
 from specjax.drafters.base import Context, target_weight
 from specjax.drafters.draft_vocab import NEG_LOGIT
 from specjax.models import Model
@@ -37,7 +38,7 @@ def _drafter(target: Model, draft: draft_model.TargetEmbeddingDraft, k: int = 3)
     """The registry's drafter object and params for `draft`, as generate() builds them."""
     req = registry.BuildRequest(registry.resolve(SpecConfig(method="draft_model", num_speculative_tokens=k)), target,
                                 draft, [[1, 2, 3]], 64)
-    return draft_model._build(req)
+    return draft_model_drafter._build(req)
 
 
 def artifact_names(path) -> list[str]:
@@ -102,7 +103,7 @@ def test_saved_artifact_loads_and_decodes_exactly(target, baselines, tmp_path, d
     draft_model.save(tmp_path, draft, target, "# test draft\n")
     with open(tmp_path / "config.json") as f:
         assert json.load(f)["specjax_drafter"] == "draft_model"
-    loaded = draft_model._load(target, str(tmp_path))
+    loaded = draft_model_drafter._load(target, str(tmp_path))
     assert isinstance(loaded, draft_model.TargetEmbeddingDraft) and loaded.config == draft.config
     assert sorted(artifact_names(tmp_path)) == sorted(["final_norm", "layers.0.attn_norm", "layers.0.mlp_norm",
                                                        "layers.0.w_down", "layers.0.w_gate", "layers.0.w_up",

@@ -2,7 +2,7 @@
 (found on the registry's first lookup: adding a drafter is adding its module or package here).
 
 One shape per drafter. A drafter with a trained artifact of its own (its own config and tensors: eagle, mtp, dflash,
-pard, medusa) is a package of one module per job:
+pard, medusa, draft_model) is a package of one module per job:
   config.py      the config dataclass and its constructors (one shaped for a target, fresh params, the loaded
                  weights' type);
   model.py       the pure-function maths that the drafter and the training losses (train/losses/) share;
@@ -11,10 +11,9 @@ pard, medusa) is a package of one module per job:
   __init__.py    what the drafter is (its docstring), and the package's public names re-exported, so callers write
                  `from specjax.drafters import dflash; dflash.load(...)` whatever module holds the name.
 A package may add a module for a job of its own (eagle's vocab.py: EAGLE-3's draft vocabulary).
-A drafter without an artifact of its own (ngram, suffix, lookahead, predicted, layer_skip) is a single module, and
-so is draft_model: it loads a plain model, and its one artifact (a draft that reads the target's embedding,
-TargetEmbeddingDraft) holds nothing but a model's own tensors, saved and loaded beside the drafter. Shared pieces sit beside them: base (the Drafter protocol and drafting
-helpers), registry, artifacts (the artifact directory format), draft_vocab (draft vocabulary maps).
+A drafter without an artifact of its own (ngram, suffix, lookahead, predicted, layer_skip) is a single module. Shared
+pieces sit beside them: base (the Drafter protocol and drafting helpers), registry, artifacts (the artifact directory
+format), draft_vocab (draft vocabulary maps).
 """
 from specjax.drafters.base import Context, Draft, Drafter, NullDrafter, Verified
 from specjax.drafters.registry import BuildRequest, DrafterSpec, Option, register

@@ -1,4 +1,5 @@
-"""A separate small Llama-family LM with its own KV cache proposes k tokens, one sequential step each.
+"""The draft model drafter: k sequential steps of the draft's own forward over its own KV cache; registered as the
+method "draft_model".
 
 Cache bookkeeping: the draft cache holds the committed tokens except the last; a proposal resets its length to
 that (rolling back rejected drafts) and feeds the last committed token. After a fully accepted chain the k-th
@@ -8,16 +9,8 @@ catch-up; re-writing an entry with identical contents). Which case applies follo
 Trees (SpecInfer-style; static TreeSpec, or a dynamic EAGLE-2 tree when num_steps > 0), searched by
 specjax.tree_search: children are the drafter's top-k tokens (deterministic, in greedy and sampled mode alike,
 exact for any tree shape, including one pruned by draft scores). Each depth re-runs the draft model over the
-partial tree (tree mask, nothing committed to its cache); simple, and the draft model is small. The catch-up feeds the last
-max_depth + 1 committed tokens, since a tree step never fed the accepted path in sequence order.
-
-A draft model is a Model (an HF directory: its own embedding and vocabulary), or, for a target whose vocabulary makes
-an own embedding too large to ship (SmolLM2-135M's 49152 x 576 table is a fifth of it), a TargetEmbeddingDraft: a
-specjax drafter artifact (kind "draft_model") of decoder layers of the target's width that embed tokens with the
-TARGET's embedding (target_weights), a final norm, and an LM head over a draft vocabulary of N frequent target
-tokens (d2t, specjax.drafters.draft_vocab; drafts and their q live over the target's vocabulary, every other token
-at probability 0, so speculative sampling stays exact) or, without one, the target's own output head.
-init_from_target makes one from the target's first layers (train.draft --init_layers distills it).
+partial tree (tree mask, nothing committed to its cache); simple, and the draft model is small. The catch-up feeds
+the last max_depth + 1 committed tokens, since a tree step never fed the accepted path in sequence order.
 """
 from __future__ import annotations
 
@@ -26,46 +19,23 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
 from specjax import checkpoints, tree_search
 from specjax.cache import KVCache
-from specjax.drafters import artifacts
-from specjax.drafters.base import (Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens,
-                                   target_weight)
-from specjax.drafters.draft_vocab import check_vocab_map, draft_to_target, full_vocab_logits
+from specjax.drafters.base import Context, Draft, chain_of_picks, chain_scan, last_tokens, pick_tokens
+from specjax.drafters.draft_model.checkpoint import check_same_vocabulary, check_target, load
+from specjax.drafters.draft_model.config import KIND, TargetEmbeddingDraft
+from specjax.drafters.draft_model.model import forward_params
+from specjax.drafters.draft_vocab import draft_to_target, full_vocab_logits
 from specjax.drafters.registry import BuildRequest, DrafterSpec, register
 from specjax.layout import apply_layout, axis_size, param_specs, plan_layout
 from specjax.models.config import ModelConfig
-from specjax.models.llama import ForwardOut, forward, init_params, kv_heads
+from specjax.models.llama import ForwardOut, forward, kv_heads
 from specjax.models.model import Model, load_model
 from specjax.sampling import SamplingParams
 from specjax.trees import TreeSpec
-
-
-KIND = "draft_model"                  # a TargetEmbeddingDraft artifact's specjax_drafter
-
-
-@dataclasses.dataclass
-class TargetEmbeddingDraft:
-    """A loaded draft model that embeds tokens with the target's embedding (the module docstring).
-
-    config: its decoder layers (the target's layer shapes: hidden_size and vocab_size are the target's).
-    params: {"layers": [...], "final_norm": [H], "lm_head": [H, N] with a draft vocabulary}; no "embed" (the
-      target's, read at decode time) and, without a draft vocabulary, no head (the target's output head).
-    d2t: the draft vocabulary map (int64 [N], target id = draft id + d2t), or None.
-    """
-    config: ModelConfig
-    params: dict
-    d2t: np.ndarray | None = None
-    name: str = ""
-
-    @property
-    def draft_vocab_size(self) -> int | None:
-        return None if self.d2t is None else len(self.d2t)
-
 
 @dataclasses.dataclass(frozen=True)
 class DraftModelDrafter:
@@ -172,139 +142,6 @@ class DraftModelDrafter:
     def commit(self, params, cache, ctx, num_accepted, target_out, verified):
         return cache
 
-
-def check_same_vocabulary(target, draft, extra_tokens: int = 0) -> None:
-    """A drafter must speak the target's vocabulary, or its tokens mean something else (silent garbage).
-    extra_tokens: draft-only tokens appended after the target's (PARD's mask tokens); the draft's first
-    target-vocab_size ids must still map to the target's strings."""
-    V = target.config.vocab_size
-    if draft.config.vocab_size != V + extra_tokens:
-        want = f"{V}" if not extra_tokens else \
-            f"the target's {V} plus its {extra_tokens} mask tokens = {V + extra_tokens}"
-        raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} has vocab_size "
-                         f"{draft.config.vocab_size}, target {target.name!r} has {V}; expected {want}")
-    if target.tokenizer is not None and draft.tokenizer is not None:
-        vocab = draft.tokenizer.get_vocab()
-        if extra_tokens:
-            vocab = {t: i for t, i in vocab.items() if i < V}
-        if target.tokenizer.get_vocab() != vocab:
-            raise ValueError(f"vocabulary mismatch: draft model {draft.name!r} and target {target.name!r} have "
-                             f"the same {V}-token vocabulary size but different tokenizers (token ids map to "
-                             "different strings): the draft was made for another tokenizer")
-
-
-# ------------------------------------------------------------------------- a draft reading the target's embedding
-
-def forward_params(params: dict, target_weights: dict) -> dict:
-    """A TargetEmbeddingDraft's params as llama.forward reads them: the target's embedding for the input and, without
-    an own head over a draft vocabulary, the target's output head as the target stores it (a tied one read in
-    place). target_weights: {"embed", "output_head"} as TARGET_WEIGHTS gives them (the drafter's ctx, or
-    target_weight() of the target's params in training)."""
-    head = {} if "lm_head" in params else target_weights["output_head"]
-    return {**params, **head, "embed": target_weights["embed"]}        # a tied head's "embed" is the same table
-
-
-def init_from_target(target: Model, num_layers: int, *, from_layers: tuple[int, ...] | None = None, d2t=None,
-                     seed: int = 0) -> TargetEmbeddingDraft:
-    """A TargetEmbeddingDraft to train: its layers copies of the target's layers from_layers (one index per draft
-    layer; default the first num_layers) or random normal(0, 0.02) ones (from_layers=()), the target's final norm,
-    and with d2t an own head of the target's LM-head columns for those tokens. With every layer of the target and no
-    d2t it computes the target's own logits. The target's layers must be row-major float32 arrays (load it with
-    weight_format="float32")."""
-    cfg = dataclasses.replace(target.config, num_layers=num_layers)      # the target's layer shapes
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
-    if from_layers is None:
-        from_layers = tuple(range(num_layers))
-    if from_layers:
-        if len(from_layers) != num_layers:
-            raise ValueError(f"from_layers {list(from_layers)} names {len(from_layers)} target layers for a draft of "
-                             f"{num_layers}")
-        bad = [l for l in from_layers if not 0 <= l < target.config.num_layers]
-        if bad:
-            raise ValueError(f"from_layers {bad} out of range: the target has {target.config.num_layers} decoder "
-                             "layers")
-        layers = [jax.tree.map(f32, dict(target.params["layers"][l])) for l in from_layers]
-    else:
-        layers = init_params(cfg, jax.random.PRNGKey(seed))["layers"]
-    if any(set(lp) != set(layers[0]) or "wq" not in lp for lp in layers):
-        raise ValueError("a draft copies row-major float32 layers (wq, wk, ...): load the target with "
-                         "weight_format='float32'")
-    params = {"layers": layers, "final_norm": f32(target.params["final_norm"])}
-    if d2t is not None:
-        d2t = check_vocab_map(d2t, cfg.vocab_size, len(d2t), "init_from_target")
-        params["lm_head"] = f32(target_weight(target.params, "lm_head"))[:, draft_to_target(d2t)]
-    return TargetEmbeddingDraft(cfg, params, d2t)
-
-
-def target_embedding_shapes(cfg: ModelConfig, draft_vocab_size: int | None) -> dict[str, tuple[int, ...]]:
-    """The flat tensor names and shapes of a draft that reads the target's embedding (layers, final norm, and an own
-    head over a draft vocabulary of draft_vocab_size tokens): a TargetEmbeddingDraft's, and PARD's beside its mask
-    rows."""
-    want = {"layers": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))["layers"],
-            "final_norm": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
-    if draft_vocab_size is not None:
-        want["lm_head"] = jax.ShapeDtypeStruct((cfg.hidden_size, int(draft_vocab_size)), jnp.float32)
-    return {k: tuple(v.shape) for k, v in artifacts.flatten_params(want).items()}
-
-
-def target_embedding_params(tensors: dict, shapes: dict, cfg: ModelConfig, draft_vocab_size: int | None,
-                            where: str) -> tuple[dict, np.ndarray | None]:
-    """An artifact's flat tensors -> (params, d2t), checked against the names and shapes its config describes
-    (shapes: target_embedding_shapes' and any of the kind's own) and its d2t against the target's vocabulary."""
-    artifacts.check_shapes(tensors, shapes, f"{where}: tensors")
-    params = jax.tree.map(jnp.asarray, artifacts.unflatten_params({k: tensors[k] for k in shapes}))
-    if draft_vocab_size is None:
-        return params, None
-    if "d2t" not in tensors:
-        raise ValueError(f"{where} has a draft vocabulary of {draft_vocab_size} but no d2t map")
-    return params, check_vocab_map(tensors["d2t"], cfg.vocab_size, int(draft_vocab_size), where)
-
-
-def save(path: str | os.PathLike, draft: TargetEmbeddingDraft, target: Model, manifest: str,
-         dtype: str = "bfloat16") -> None:
-    """A TargetEmbeddingDraft as a specjax drafter artifact (kind "draft_model": its layer config and draft
-    vocabulary size; its layers, final norm and head under flat names, the d2t map exactly as int64; the target's
-    fingerprint). The target's embedding is not stored: the drafter reads it from the target."""
-    check_target(target, draft)
-    tensors = dict(artifacts.flatten_params(jax.device_get(draft.params)))
-    if draft.d2t is not None:
-        tensors["d2t"] = np.asarray(draft.d2t, np.int64)
-    config = {"layers": draft.config.to_hf(), "draft_vocab_size": draft.draft_vocab_size}
-    artifacts.save_artifact(path, KIND, config, tensors, target, manifest, dtype)
-
-
-def load(path_or_name: str | os.PathLike, target: Model) -> TargetEmbeddingDraft:
-    """A TargetEmbeddingDraft artifact (save) -> the draft (float32), checked against `target`: the artifact must
-    have been made for it (specjax.drafters.artifacts), since the draft embeds with the target's table."""
-    config, tensors = artifacts.load_artifact(path_or_name, target, KIND)
-    where = f"draft model artifact {os.fspath(path_or_name)!r}"
-    try:
-        cfg, N = ModelConfig.from_hf(config["layers"]), config["draft_vocab_size"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: config does not describe a draft reading the target's embedding (needs layers, "
-                         f"draft_vocab_size: {e!r})") from None
-    params, d2t = target_embedding_params(tensors, target_embedding_shapes(cfg, N), cfg, N, where)
-    extra = sorted(set(tensors) - set(target_embedding_shapes(cfg, N)) - {"d2t"})
-    if extra:
-        raise ValueError(f"{where} has unexpected tensors {extra}")
-    draft = TargetEmbeddingDraft(cfg, params, d2t, os.path.basename(os.path.normpath(os.fspath(path_or_name))))
-    check_target(target, draft)
-    return draft
-
-
-def check_target(target: Model, draft: TargetEmbeddingDraft) -> None:
-    """ValueError naming the mismatch when `draft` cannot embed with, and draft for, `target`: the target's
-    embedding table must be the vocab_size x hidden_size one the draft's layers were made for."""
-    cfg, tc, name = draft.config, target.config, draft.name or "(unnamed)"
-    if (cfg.vocab_size, cfg.hidden_size) != (tc.vocab_size, tc.hidden_size):
-        raise ValueError(f"draft model {name!r} embeds with its target's embedding table of {cfg.vocab_size} tokens x "
-                         f"{cfg.hidden_size}; the target {target.name!r} has {tc.vocab_size} x {tc.hidden_size} (it was "
-                         "made for another target)")
-    if draft.d2t is not None:
-        check_vocab_map(draft.d2t, tc.vocab_size, len(draft.d2t), f"draft model {name!r}")
-
-
-# ------------------------------------------------------------------------------------------------ registry
 
 def _load(target: Model, path_or_name: str) -> Model | TargetEmbeddingDraft:
     """A model directory or shipped model name -> its Model; our artifact of a draft reading the target's embedding
