@@ -2,12 +2,14 @@
 for the same rows, and the loop's walk replayed over the eval's drafts.
 
   python -m experiments.acceptance_replay --runs=eagle3:smollm2-135m-eagle3,dflash:smollm2-135m-dflash
+  python -m experiments.acceptance_replay --runs=draft_model:runs/smollm2-135m-draft     # train.draft --init_layers
 
 For every run, prompt set and temperature: the speculative decode loop answers each prompt (to the end of its turn
 or --max_new_tokens) and its per-step acceptance trace gives P(draft i accepted) and the conditional acceptance
 P(draft i | draft i - 1 accepted). The drafter's training eval (its loss module's teacher-forced agreements:
-train.losses.eagle.eagle_agreements, train.losses.dflash.dflash_agreements) then scores the same rows at every
-committed length:
+train.losses.eagle.eagle_agreements, train.losses.dflash.dflash_agreements, and for a draft model reading the
+target's embedding, a TargetEmbeddingDraft artifact, train.losses.draft_model.draft_agreements) then scores the same
+rows at every committed length:
 - over all lengths, what the training eval reports (top-1 agreement per draft position, chains, conditionals);
 - along the loop's walk (the committed lengths its steps started from): at T = 0 on the greedy rows the eval's
   chain at each such length must accept exactly what the loop accepted there; every step where the two differ is a
@@ -16,7 +18,10 @@ committed length:
   chain (over all lengths and along the walk), beside the loop's measured rates;
 - the real-feature counterfactual along the walk (T = 0): where the loop's draft 1 was accepted, how often draft 2
   (drafted from the drafter's own output) agrees, against how often a fresh draft 1 from the next length (drafted
-  from the target's real features there) would: the gap a perfect feedback would close.
+  from the target's real features there) would: the gap a perfect feedback would close. Only for a drafter that
+  reads the target's features: a draft model (TOKEN_DRAFTERS) reads the committed tokens alone, so once draft 1 is
+  accepted its draft 2 IS the next length's draft 1 (no gap by construction); its rows report draft 2 given draft 1
+  and leave the counterfactual out (None).
 The spread across prompts (tokens per target pass per prompt: 10th, 50th, 90th percentile) goes with each row.
 """
 from __future__ import annotations
@@ -42,12 +47,16 @@ from train.data import LabeledRows
 
 FLAGS = flags.FLAGS
 
+METHODS = ("eagle", "eagle3", "dflash", "draft_model")     # the families training_eval scores (their training evals)
+TOKEN_DRAFTERS = ("draft_model",)     # families whose drafts read the committed tokens only, no target features
+
 
 def define_flags() -> None:
     """The entry point's flags (defined only when run as a program, so tests import this module beside others)."""
     flags.DEFINE_string("target", "smollm2-135m", "target: shipped name or model directory")
     flags.DEFINE_list("runs", ["eagle3:smollm2-135m-eagle3", "dflash:smollm2-135m-dflash"],
-                      "method:drafter pairs (methods: " + ", ".join(("eagle", "eagle3", "dflash")) + ")")
+                      "method:drafter pairs (methods: " + ", ".join(METHODS) + "; draft_model: a TargetEmbeddingDraft "
+                      "artifact, train.draft --init_layers)")
     flags.DEFINE_list("prompt_sets", list(OPEN_CHAT_SETS), "prompt sets (experiments.prompts)")
     flags.DEFINE_integer("num_prompts", 64, "prompts per set")
     flags.DEFINE_integer("k", 4, "drafts per step (a chain)")
@@ -74,8 +83,13 @@ def training_eval(method: str, target, drafter_name: str, k: int) -> tuple[Calla
         from train.losses.dflash import dflash_agreements
         w = dflash.load(drafter_name, target)
         fn = lambda p, tp, rows: dflash_agreements(p, tp, target.config, w.config, rows, 0, k, 1, w.d2t)
+    elif method == "draft_model":
+        from specjax.drafters import draft_model
+        from train.losses.draft_model import draft_agreements
+        w = draft_model.load(drafter_name, target)        # a TargetEmbeddingDraft: only it has a training eval
+        fn = lambda p, tp, rows: draft_agreements(p, tp, w.config, target.config, rows, 0, k, w.d2t)
     else:
-        raise ValueError(f"acceptance_replay scores eagle, eagle3 and dflash drafters (their training evals); got "
+        raise ValueError(f"acceptance_replay scores {', '.join(METHODS)} drafters (their training evals); got "
                          f"method {method!r}")
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), w.params)
     jitted = jax.jit(fn)
@@ -173,9 +187,10 @@ def measure(target, method: str, drafter_name: str, prompts: list, temperature: 
                eval_lengths=int(all_agree.shape[1]), eval_accept=eval_p, eval_conditional=_conditional(eval_p),
                walk_steps=walk_steps, walk_accept=walk_p, walk_conditional=_conditional(walk_p))
     if temperature == 0:
+        counterfactual = None if method in TOKEN_DRAFTERS else float(np.mean(real)) if real else float("nan")
         row.update(walk_mismatches=mismatches,
                    walk_draft2_given_draft1=float(np.mean(own)) if own else float("nan"),
-                   walk_real_feature_draft1_next=float(np.mean(real)) if real else float("nan"))
+                   walk_real_feature_draft1_next=counterfactual)
     return row
 
 
@@ -202,7 +217,9 @@ def main(argv) -> None:
                       f"{fmt(r['eval_conditional'])}); eval along the loop's walk {fmt(r['walk_accept'])}"
                       + (f"; mismatches {r['walk_mismatches']} of {r['walk_steps']} steps; exact "
                          f"{r['exact']}/{r['prompts']}; given draft 1: draft 2 {r['walk_draft2_given_draft1']:.3f}, "
-                         f"real-feature draft 1 at the next length {r['walk_real_feature_draft1_next']:.3f}"
+                         + (f"real-feature draft 1 at the next length {r['walk_real_feature_draft1_next']:.3f}"
+                            if r["walk_real_feature_draft1_next"] is not None else
+                            "no real-feature counterfactual (reads tokens only: draft 2 is the next length's draft 1)")
                          if temp == 0 else ""), flush=True)
     header = ("set", "run", "T", "tau (p10-p90)", "loop P(i)", "loop cond", "eval all", "eval cond", "walk")
     fmt = lambda xs: " ".join(f"{x:.2f}" for x in xs)
