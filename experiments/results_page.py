@@ -108,14 +108,26 @@ HEADLINES: tuple[Headline, ...] = (
         "python -m experiments.paper_tables --measured=runs/drafters_quick.json"),
     Headline(
         "drafter_training", "Training curves: held-out acceptance against training time (SmolLM2-135M)",
-        "Two parallel drafters for the real target, DFlash's block drafter and PARD reading the target's "
-        "embedding, trained on the same self-distilled chat rows for the same wall time and evaluated along the "
-        "way on held-out target answers. accept_len_6 is the expected number of accepted drafts of a 6-draft "
-        "step, the quantity that becomes tau end to end. Recipes are compared at equal time, not equal steps, "
-        "because their steps cost different amounts on the same machine.",
-        "python -m train.pard --target=smollm2-135m --data=chat --num_train=2048 --feature_cache --length_pool=16 "
-        "--draft_layers=2 --draft_vocab_size=8192 --num_masks=5 --mask_ends=64 --eval_stride=4 --time_budget=4186 "
-        "--out=<dir>   # DFlash's rows: the evaluations in checkpoints/smollm2-135m-dflash/MANIFEST.md"),
+        "Every drafter family and recipe trained for the real target, each scored by its own training eval on the "
+        "same held-out rows (the target's answers to held-out ShareGPT first turns): tau (eval) is 1 + the expected "
+        "accepted drafts of the eval's chain over every committed length, against training hours on this machine's "
+        "two cores, a starting checkpoint's hours included. A shipped drafter is one point, a run its periodic "
+        "evals. Recipes are compared per hour, not per step, because their steps cost different amounts; the "
+        "loop's own acceptance by position on the same kind of prompts is the next table.",
+        "python -m experiments.training_curves --shipped=smollm2-135m-eagle3=3.69,smollm2-135m-eagle31=1.27,"
+        "smollm2-135m-dflash=1.16 --runs=\"<label>=<ckpt_dir>@<hours it started from>,...\"",
+        ("label", "hours", "step", "tau", "chain")),
+    Headline(
+        "acceptance_by_position", "Acceptance by draft position in the decode loop, beside the training eval",
+        "Each trained chain drafter of SmolLM2-135M-Instruct answers 64 held-out prompts per set to the end of the "
+        "turn, k = 4, at T = 0 and 1: per-position and conditional acceptance in the loop, the spread of tau across "
+        "prompts, and the drafter's training eval on the same rows, over every committed length and along the "
+        "loop's walk. At T = 0 the two must agree step by step (walk_mismatches); where they do, a gap between "
+        "training numbers and the loop's is where the loop's steps start, not a train/serve mismatch.",
+        "python -m experiments.acceptance_replay --runs=eagle3:smollm2-135m-eagle3,eagle3:smollm2-135m-eagle31,"
+        "dflash:smollm2-135m-dflash --prompt_sets=sharegpt,humaneval_chat --batch_size=16",
+        ("prompt_set", "drafter", "temperature", "exact", "tau", "tau_p10", "tau_p90", "loop_accept",
+         "loop_conditional", "eval_accept", "eval_conditional", "walk_accept", "walk_mismatches")),
     Headline(
         "engines", "specjax beside transformers and vLLM: plain decoding of SmolLM2-135M-Instruct",
         "The same weights (one HF directory) and the same token ids in every engine, batch 1 to 64, tokens/s and "
@@ -163,12 +175,6 @@ HEADLINES: tuple[Headline, ...] = (
         "python -m experiments.speedup --target=stdlib-target --drafters=draft_model=stdlib-draft "
         "--batch_sizes=1,8,32,64 --runs=humaneval:draft_model:4,humaneval:ngram:4 --max_new_tokens=128 --rounds=4 "
         "--draft_len_schedule=1:k,ngram@1:k,ngram@8:2"),
-    Headline(
-        "simulate", "Choosing k and the policy offline from a recorded trace",
-        "One run records which drafts each step accepted (stats[\"accept_trace\"]); replaying it predicts every "
-        "other k and the acceptance switch without running them, checked here against real runs. Tuning k then "
-        "costs one run and a replay instead of a sweep.",
-        "python -m experiments.simulate --ks=1,2,3,4,6,8 --k_max=8 --batch_size=8 --acceptance_rate_threshold=0.5"),
     Headline(
         "gpu_verify_attention", "The Pallas verify-attention kernel on a GPU",
         "The fused verify attention (pallas_kernels/) against XLA's attention at Llama-3-8B attention shapes, "
