@@ -175,3 +175,32 @@ def test_init_drafter_continues_from_a_saved_drafter_and_refuses_another(tiny, t
         print("ok")
     """)
     run_snippet(script)
+
+
+def test_mixed_precision_trains_float32_master_weights_on_bfloat16_arithmetic(tiny, rows):
+    """TrainConfig(compute_dtype="bfloat16"), what --compute_dtype=bfloat16 sets: the loss sees bfloat16 params and a
+    bfloat16 frozen target, the params, gradients and optimizer state stay float32, the first step's loss is the
+    float32 one up to bfloat16 rounding, and the loss still falls."""
+    cfg, _ = config_for(tiny, "eagle3")
+    counts = np.bincount(rows[:, PROMPT:].ravel(), minlength=tiny.config.vocab_size)
+    d2t = eagle.vocab_map_from_counts(counts, cfg.draft_vocab_size)
+    params = eagle.init_params(jax.random.PRNGKey(0), cfg)
+    inner = eagle_loss_fn(tiny.config, cfg, PROMPT, num_steps=2, d2t=d2t)
+    seen = set()
+
+    def loss_fn(p, batch, rng, frozen):
+        seen.update(str(x.dtype) for x in jax.tree.leaves((p, frozen)) if jnp.issubdtype(x.dtype, jnp.floating))
+        return inner(p, batch, rng, frozen)
+    runs = {}
+    for dtype in (None, "bfloat16"):
+        seen.clear()
+        tcfg = loop.TrainConfig(steps=20, lr=3e-2, warmup_steps=2, weight_decay=0.0, log_every=100,
+                                compute_dtype=dtype)
+        runs[dtype] = loop.train(params, loss_fn, data.RowBatches(rows, 8, 0).batch, tcfg, frozen=tiny.params,
+                                 log=lambda _: None)
+        assert seen == ({"float32"} if dtype is None else {"bfloat16"}), (dtype, seen)
+    mixed, full = runs["bfloat16"], runs[None]
+    assert {str(x.dtype) for x in jax.tree.leaves(mixed.params)} == {"float32"}
+    assert abs(mixed.losses[0] - full.losses[0]) < 0.02 * full.losses[0], (mixed.losses[0], full.losses[0])
+    assert mixed.losses[0] != full.losses[0]                      # it did run in bfloat16
+    assert np.mean(mixed.losses[-3:]) < 0.95 * np.mean(mixed.losses[:3]), mixed.losses

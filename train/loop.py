@@ -59,6 +59,8 @@ class TrainConfig:
     mesh: Mesh | None = None             # ("data", "model") mesh: see the module docstring; None: one device
     lr_scales: Any = None                # a prefix of the params tree with float leaves: that subtree's learning
                                          # rate is lr * scale (Medusa-2 moves the target slower than its heads)
+    compute_dtype: str | None = None     # "bfloat16": the loss runs on a copy of the params in that dtype (mixed
+                                         # precision); gradients, optimizer state and checkpoints stay float32
 
 
 @dataclasses.dataclass
@@ -69,6 +71,21 @@ class TrainResult:
     start_step: int                      # where this call started (> 0 when resumed)
     elapsed_s: float                     # total training wall time, across resumes
     stopped_by_budget: bool
+
+
+def cast_floats(tree: Any, dtype: Any) -> Any:
+    """Every floating-point leaf of `tree` in `dtype` (integer leaves as they are)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def with_compute_dtype(loss_fn: LossFn, compute_dtype: str | None) -> LossFn:
+    """Mixed precision: loss_fn run on the trainable params cast to compute_dtype (None: loss_fn itself). The cast
+    is inside the differentiated function, so gradients arrive in the params' own (float32 master) dtype; the
+    losses take their softmaxes in float32 whatever the logits' dtype. A frozen tree is cast by the caller once."""
+    if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
+        return loss_fn
+    dtype = jnp.dtype(compute_dtype)
+    return lambda params, *args: loss_fn(cast_floats(params, dtype), *args)
 
 
 def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -158,6 +175,8 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
     t_call = time.time()
     mesh = cfg.mesh
     opt, schedule = make_optimizer(cfg)
+    if cfg.compute_dtype is not None and frozen is not None:
+        frozen = cast_floats(frozen, jnp.dtype(cfg.compute_dtype))
     if mesh is not None:
         params = place(params, mesh, spec_fn)
         frozen = place(frozen, mesh) if frozen is not None else None
@@ -190,10 +209,12 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
 
     base_key = jax.random.PRNGKey(cfg.seed)
 
+    compute_loss = with_compute_dtype(loss_fn, cfg.compute_dtype)
+
     def train_step(params, opt_state, batch, step, frozen):
         rng = jax.random.fold_in(base_key, step)
         extra = () if frozen is None else (frozen,)
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng, *extra)
+        (loss, metrics), grads = jax.value_and_grad(compute_loss, has_aux=True)(params, batch, rng, *extra)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
@@ -271,8 +292,11 @@ def profile_steps(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], 
     opt, _ = make_optimizer(cfg)
     opt_state = opt.init(params)
     rng = jax.random.PRNGKey(cfg.seed)
+    if cfg.compute_dtype is not None and frozen is not None:
+        frozen = cast_floats(frozen, jnp.dtype(cfg.compute_dtype))
     # the frozen params are an argument, as in train's step (closed over, they would be compiled in as constants)
-    loss = lambda p, b, f: loss_fn(p, b, rng, *(() if f is None else (f,)))[0]
+    compute_loss = with_compute_dtype(loss_fn, cfg.compute_dtype)
+    loss = lambda p, b, f: compute_loss(p, b, rng, *(() if f is None else (f,)))[0]
     fwd = jax.jit(loss)
     grad = jax.jit(lambda p, b, f: jax.value_and_grad(loss)(p, b, f))
 

