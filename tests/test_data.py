@@ -128,3 +128,9 @@ def test_length_pool_batches_rows_of_similar_length_and_still_covers_each_epoch(
     assert widths == {data.WIDTH_BUCKET, W}                              # short batches are cut, long ones whole
     with pytest.raises(ValueError, match="only for rows with spans"):
         data.RowBatches(tokens, B, 7, length_pool=8)
+    # one program: a bucket as wide as the rows keeps every batch whole (the same rows in the same order)
+    whole = data.RowBatches(tokens, B, 7, first, length, length_pool=8, width_bucket=W)
+    assert {whole.batch(s).tokens.shape[1] for s in range(steps)} == {W}
+    assert all(np.array_equal(whole.indices(s), pooled.indices(s)) for s in range(steps))
+    with pytest.raises(ValueError, match="width_bucket 0 must be >= 1"):
+        data.RowBatches(tokens, B, 7, first, length, width_bucket=0)

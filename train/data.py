@@ -359,10 +359,11 @@ class RowBatches:
     rows of the random permutation is sorted by row length (label_end), cut into batches, and those batches
     shuffled, so a batch's rows are of similar length (a batch is cut to its longest row: chat rows of 50 to 570
     tokens otherwise fill ~60% of a random batch) and every row is still seen once per epoch. A batch of rows with
-    spans is cut to the bucketed width of its longest row (bucketed_width), pooled or not."""
+    spans is cut to the bucketed width of its longest row (bucketed_width, width_bucket columns), pooled or not: a
+    wider bucket compiles fewer training programs (one, at the rows' own width or more) for more padded positions."""
 
     def __init__(self, rows: np.ndarray, batch_size: int, seed: int, first_label: np.ndarray | None = None,
-                 label_end: np.ndarray | None = None, length_pool: int = 0):
+                 label_end: np.ndarray | None = None, length_pool: int = 0, width_bucket: int = WIDTH_BUCKET):
         """first_label, label_end [N]: each row's label span (chat rows, train.losses.common.LabeledRows); batches
         are then LabeledRows, otherwise plain token arrays."""
         if rows.ndim != 2 or len(rows) < batch_size:
@@ -372,7 +373,10 @@ class RowBatches:
         if length_pool < 0 or (length_pool and label_end is None):
             raise ValueError(f"RowBatches: length_pool {length_pool} must be >= 0, and > 0 only for rows with spans "
                              "(rows of one layout all have the same length)")
+        if width_bucket < 1:
+            raise ValueError(f"RowBatches: width_bucket {width_bucket} must be >= 1")
         self.rows, self.batch_size, self.seed, self.length_pool = rows, batch_size, seed, length_pool
+        self.width_bucket = width_bucket
         self.spans = None if first_label is None else (np.asarray(first_label, np.int32),
                                                        np.asarray(label_end, np.int32))
         self.seq_len = rows.shape[1] - 1
@@ -408,7 +412,7 @@ class RowBatches:
         idx = self.indices(step)
         if self.spans is None:
             return np.asarray(self.rows[idx], np.int32)
-        width = bucketed_width(self.spans[1][idx].max(), self.rows.shape[1])
+        width = bucketed_width(self.spans[1][idx].max(), self.rows.shape[1], self.width_bucket)
         return LabeledRows(np.asarray(self.rows[idx, :width], np.int32), self.spans[0][idx], self.spans[1][idx])
 
     def epochs(self, steps: int) -> float:

@@ -417,13 +417,14 @@ def describe_rows(source: str, meta: dict, num_rows: int) -> tuple[str, str]:
 
 
 def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed: int, log=print,
-                length_pool: int = 0, chat_rows: str | None = None):
+                length_pool: int = 0, chat_rows: str | None = None, width_bucket: int = data.WIDTH_BUCKET):
     """The rows a drafter recipe trains on -> (the build result, RecipeRows, data.RowBatches): source "corpus"
     (build: stdlib windows continued by the target), "chat" (build_chat: ShareGPT training first turns answered by
     a chat target) or "sharegpt" (build_answers: those prompts with ShareGPT's own answers; held out: build_chat's
     held-out rows, so every chat source is scored on the target's answers). Chat rows carry label spans;
-    length_pool > 0 batches rows of similar length (data.RowBatches). chat_rows: source "chat" from the directory
-    a build_chat made (load_chat_rows) instead of build_chat's default settings."""
+    length_pool > 0 batches rows of similar length, each batch cut to a multiple of width_bucket columns
+    (data.RowBatches). chat_rows: source "chat" from the directory a build_chat made (load_chat_rows) instead of
+    build_chat's default settings."""
     if chat_rows is not None and source != "chat":
         raise ValueError(f"chat_rows={chat_rows!r} holds chat rows; it goes with source 'chat', not {source!r}")
     if source in ("chat", "sharegpt"):
@@ -437,7 +438,7 @@ def recipe_data(target: str, source: str, num_train: int, batch_size: int, seed:
                       meta=dict(answers["meta"], heldout=dict(heldout["meta"], dir=heldout["dir"])))
         rr = chat_recipe_rows(ds)
         return ds, rr, data.RowBatches(rr.rows.tokens, batch_size, seed, rr.rows.first_label, rr.rows.label_end,
-                                       length_pool=length_pool)
+                                       length_pool=length_pool, width_bucket=width_bucket)
     if length_pool:
         raise ValueError("--length_pool groups chat rows by length (--data=chat or sharegpt); corpus rows all have "
                          "one length")

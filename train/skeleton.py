@@ -190,6 +190,9 @@ def main(recipe: Recipe) -> None:
         flags.DEFINE_integer("length_pool", 0, "chat rows: batch rows of similar length, sorting each run of this "
                              "many batches of the shuffled rows by length (a batch is cut to its longest row); 0: "
                              "random batches")
+        flags.DEFINE_integer("width_bucket", data.WIDTH_BUCKET, "chat rows: a batch is cut to a multiple of this many "
+                             "columns; wider buckets compile fewer step programs (one at the rows' width or more: "
+                             "an accelerator's compile time against padded positions)")
         flags.DEFINE_string("chat_rows", None, "with --data=chat: train on the rows `python -m train.self_distill --chat` "
                             "made in this directory (its chat-<key> folder, made with any settings) as they are, "
                             "instead of the default settings' rows under data/selfdistill")
@@ -299,7 +302,8 @@ def distilled_rows(run: Run) -> tuple[dict, self_distill.RecipeRows, data.RowBat
     their RecipeRows.prompt_len on: the run's label counts start there."""
     F = run.flags
     ds, rr, batches = self_distill.recipe_data(F.target, F.data, F.num_train, F.batch_size, F.seed, run.log,
-                                               length_pool=F.length_pool, chat_rows=F.chat_rows)
+                                               length_pool=F.length_pool, chat_rows=F.chat_rows,
+                                               width_bucket=F.width_bucket)
     run.first_label = rr.prompt_len
     return ds, rr, batches
 

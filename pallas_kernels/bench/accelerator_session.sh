@@ -185,7 +185,8 @@ e2e() {
 
 drafters() {
     # Sizes: the GPU's (every training first turn, 192-token answers, 64-row batches for as long as the budget
-    # allows), or the SMOKE path's on a CPU. NUM_TRAIN overrides the number of training rows (default: all).
+    # allows), or the SMOKE path's on a CPU. NUM_TRAIN overrides the number of training rows (default: all). Every
+    # training batch keeps the rows' whole width (--width_bucket): one step program to compile, not one per width.
     local distill=$STASH/selfdistill ckpts=$STASH/drafter_ckpts out=$STASH/drafters families=${DRAFTERS:-eagle3}
     local gen_batch=512 new_tokens=192 heldout=256 batch=64 steps=2000 warmup=100 train_s=240 eval_every=500
     local eval_tokens=65536 num_prompts=64 max_new=256 e2e_prompts=8 e2e_new=128 e2e_rounds=2 tree=dyn6x8:47
@@ -212,7 +213,8 @@ drafters() {
     [ -n "$rows" ] || rows=$(cat "$STASH/done/rows" 2>/dev/null)
     echo "$rows" > "$STASH/done/rows"
     local common=(--target="$GGUF" --data=chat --chat_rows="$rows" --num_train="$num_train" --batch_size=$batch
-                  --compute_dtype=bfloat16 --draft_vocab_size=8192 --eval_steps=6 --length_pool=16 --steps=$steps
+                  --compute_dtype=bfloat16 --draft_vocab_size=8192 --eval_steps=6 --length_pool=16 --width_bucket=1024
+                  --steps=$steps
                   --warmup=$warmup --lr=1e-3 --eval_every=$eval_every --eval_tokens=$eval_tokens --log_every=10
                   --save_every=100 --time_budget=$((train_s - 60)))
     # SHIPPED: the shipped drafter the new ones are compared with ('' for none: a target it was not trained for)
