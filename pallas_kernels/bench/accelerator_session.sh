@@ -16,8 +16,8 @@
 #             the target's answers to every ShareGPT training first turn (the prompt token ids pack carried; half
 #             greedy, half T = 1, in resumable chunks), trains EAGLE-3 on all of them (bfloat16 arithmetic, float32
 #             master weights: the CPU recipe with --compute_dtype=bfloat16; DRAFTERS="eagle3 dflash" adds DFlash),
-#             replays held-out acceptance per position at T = 0 and 1 beside the shipped EAGLE-3
-#             (experiments.acceptance_replay: ShareGPT and HumanEval chat, 64 prompts each), runs experiments.speedup
+#             replays held-out acceptance per position at T = 0 and 1 (experiments.acceptance_replay: ShareGPT and
+#             HumanEval chat, 64 prompts each; the shipped drafters' rows are the CPU's), runs experiments.speedup
 #             end to end at batch 1 and 8 (plain, prompt lookup, suffix, the shipped and the new EAGLE-3 as a chain
 #             and a dynamic tree; exactness checked), and packs the drafters (bfloat16 safetensors + MANIFEST) into
 #             $OUT/drafters.tgz.part_* (split to come back) beside $OUT/$PART.tgz, which holds the tables and
@@ -188,7 +188,7 @@ drafters() {
     # allows), or the SMOKE path's on a CPU. NUM_TRAIN overrides the number of training rows (default: all). Every
     # training batch keeps the rows' whole width (--width_bucket): one step program to compile, not one per width.
     local distill=$STASH/selfdistill ckpts=$STASH/drafter_ckpts out=$STASH/drafters families=${DRAFTERS:-eagle3}
-    local gen_batch=512 new_tokens=192 heldout=256 batch=64 steps=2000 warmup=100 train_s=240 eval_every=500
+    local gen_batch=512 new_tokens=192 heldout=256 batch=64 steps=2000 warmup=100 train_s=200 eval_every=500
     local eval_tokens=65536 num_prompts=64 max_new=256 e2e_prompts=8 e2e_new=128 e2e_rounds=2 tree=dyn6x8:47
     local replay_sets=$PROMPTS/sharegpt.json,$PROMPTS/humaneval_chat.json smoke=0
     if [ "$SMOKE" = 1 ]; then     # the same stages and programs, fewer of the rows that repeat them
@@ -206,7 +206,7 @@ drafters() {
     stage prompts 120 python -m train.self_distill --prompts_only --target="$GGUF" --data_dir="$distill" || return 1
     local num_train
     num_train=${NUM_TRAIN:-$(tail -n 1 "$WORK/prompts.txt" | python -c "import json, sys; print(json.load(sys.stdin)['train'])")}
-    once distill 240 python -m train.self_distill --chat --target="$GGUF" --data_dir="$distill" --num_train="$num_train" \
+    once distill 200 python -m train.self_distill --chat --target="$GGUF" --data_dir="$distill" --num_train="$num_train" \
         --num_heldout=$heldout --batch=$gen_batch --new_tokens=$new_tokens || return 1
     local rows
     rows=$(sed -n 's/^\[self_distill\] \(.*\): train .*/\1/p' "$WORK/distill.txt" | tail -n 1)
@@ -217,9 +217,9 @@ drafters() {
                   --steps=$steps
                   --warmup=$warmup --lr=1e-3 --eval_every=$eval_every --eval_tokens=$eval_tokens --log_every=10
                   --save_every=100 --time_budget=$((train_s - 60)))
-    # SHIPPED: the shipped drafter the new ones are compared with ('' for none: a target it was not trained for)
+    # SHIPPED: the shipped drafter the new ones are compared with end to end ('' for none: a target it was not
+    # trained for); its replay rows are the CPU's (docs/results.md, acceptance_by_position)
     local family shipped=${SHIPPED-smollm2-135m-eagle3} runs_replay=""
-    [ -n "$shipped" ] && runs_replay="eagle3:$shipped"
     for family in $families; do
         case $family in
             eagle3) once train_eagle3 $train_s python -m train.eagle --kind=eagle3 --nofc_identity "${common[@]}" \
@@ -230,7 +230,7 @@ drafters() {
         esac
         [ -d "$out/smollm2-135m-$family-gpu" ] && runs_replay+="${runs_replay:+,}$family:$out/smollm2-135m-$family-gpu"
     done
-    once replay 180 python -m experiments.acceptance_replay --target="$GGUF" --runs="$runs_replay" \
+    once replay 150 python -m experiments.acceptance_replay --target="$GGUF" --runs="$runs_replay" \
         --prompt_sets="$replay_sets" --num_prompts=$num_prompts \
         --max_new_tokens=$max_new --batch_size=16 --temperatures=0,1 --out="$WORK/replay"
     local sharegpt="$PROMPTS/sharegpt.json" humaneval="$PROMPTS/humaneval_chat.json" eos=stop_at_eos=true
@@ -241,7 +241,7 @@ drafters() {
     [ -n "$shipped" ] && rows_e2e+=",$sharegpt:eagle3:4:drafter=$shipped:$eos"
     once e2e_new 180 python -m experiments.speedup "${e2e[@]}" --out="$WORK/e2e_drafters" \
         --runs="$rows_e2e,$sharegpt:ngram:4:$eos"
-    once e2e_new_batch8 120 python -m experiments.speedup "${e2e[@]}" --batch_sizes=$((smoke ? 2 : 8)) \
+    once e2e_new_batch8 90 python -m experiments.speedup "${e2e[@]}" --batch_sizes=$((smoke ? 2 : 8)) \
         --out="$WORK/e2e_drafters_batch8" --runs="$sharegpt:eagle3:4:$new,$sharegpt:ngram:4"
     # The drafters come back split (a file from $OUT is at most 16 MiB), the timeline beside the tables.
     python - "$WORK" <<'PY'
