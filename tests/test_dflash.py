@@ -127,7 +127,8 @@ def _drafts(target, w, prompts, k=4):
     return np.asarray(draft.tokens)
 
 
-@pytest.mark.parametrize("draft_vocab", [None, np.arange(0, 61, 2)])
+@pytest.mark.parametrize("draft_vocab", [pytest.param(None, marks=pytest.mark.slow),      # ~40 s: the slow tier
+                                         np.arange(0, 61, 2)])
 def test_training_blocks_are_what_the_drafter_proposes(draft_vocab):
     """The loss's block at anchor a (train.losses.dflash) has exactly the distributions propose() draws from after
     the committed tokens 0..a, so training optimises what drafting uses; and the loss trains (it falls). With a

@@ -63,6 +63,7 @@ def test_eagle1_and_medusa_losses_from_the_cache_equal_the_target_forward(tmp_pa
     _compare(medusa_loss_fn(target.config, 0.8, 0), heads, target, batches, cached)
 
 
+@pytest.mark.slow          # ~45 s; the float32 cache's equality test above stays in make test
 def test_eagle3_and_dflash_losses_from_bfloat16_layer_features(tmp_path):
     target = tiny_model(0)
     w3 = informative_eagle(target, "eagle3")
