@@ -81,11 +81,16 @@ def cast_floats(tree: Any, dtype: Any) -> Any:
 def with_compute_dtype(loss_fn: LossFn, compute_dtype: str | None) -> LossFn:
     """Mixed precision: loss_fn run on the trainable params cast to compute_dtype (None: loss_fn itself). The cast
     is inside the differentiated function, so gradients arrive in the params' own (float32 master) dtype; the
-    losses take their softmaxes in float32 whatever the logits' dtype. A frozen tree is cast by the caller once."""
+    losses take their softmaxes in float32 whatever the logits' dtype. A frozen tree is cast once (compute_frozen)."""
     if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.float32:
         return loss_fn
     dtype = jnp.dtype(compute_dtype)
     return lambda params, *args: loss_fn(cast_floats(params, dtype), *args)
+
+
+def compute_frozen(frozen: Any, compute_dtype: str | None) -> Any:
+    """The frozen tree the loss reads under mixed precision: cast once, outside the step."""
+    return frozen if compute_dtype is None or frozen is None else cast_floats(frozen, jnp.dtype(compute_dtype))
 
 
 def make_optimizer(cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -175,8 +180,7 @@ def _train(params, loss_fn, batch_fn, cfg, eval_fn, eval_every, log, frozen, spe
     t_call = time.time()
     mesh = cfg.mesh
     opt, schedule = make_optimizer(cfg)
-    if cfg.compute_dtype is not None and frozen is not None:
-        frozen = cast_floats(frozen, jnp.dtype(cfg.compute_dtype))
+    frozen = compute_frozen(frozen, cfg.compute_dtype)
     if mesh is not None:
         params = place(params, mesh, spec_fn)
         frozen = place(frozen, mesh) if frozen is not None else None
@@ -292,8 +296,7 @@ def profile_steps(params: Any, loss_fn: LossFn, batch_fn: Callable[[int], Any], 
     opt, _ = make_optimizer(cfg)
     opt_state = opt.init(params)
     rng = jax.random.PRNGKey(cfg.seed)
-    if cfg.compute_dtype is not None and frozen is not None:
-        frozen = cast_floats(frozen, jnp.dtype(cfg.compute_dtype))
+    frozen = compute_frozen(frozen, cfg.compute_dtype)
     # the frozen params are an argument, as in train's step (closed over, they would be compiled in as constants)
     compute_loss = with_compute_dtype(loss_fn, cfg.compute_dtype)
     loss = lambda p, b, f: compute_loss(p, b, rng, *(() if f is None else (f,)))[0]

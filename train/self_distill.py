@@ -152,10 +152,13 @@ def prompt_key(target, settings: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def _prompt_settings(split: str, max_prompt_tokens: int, seed: int) -> dict:
+    return dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
+
+
 def prompt_cache_dir(target, split: str, max_prompt_tokens: int, seed: int, data_dir: str = DEFAULT_DIR) -> str:
     """Where split_prompts keeps a split's prompts: data_dir/prompts-<prompt_key>."""
-    settings = dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
-    return os.path.join(data_dir, "prompts-" + prompt_key(target, settings))
+    return os.path.join(data_dir, "prompts-" + prompt_key(target, _prompt_settings(split, max_prompt_tokens, seed)))
 
 
 def split_prompts(target, split: str, n: int | None, max_prompt_tokens: int, seed: int,
@@ -166,7 +169,6 @@ def split_prompts(target, split: str, n: int | None, max_prompt_tokens: int, see
     wheel when missing. Carried to a machine without the wheel (pallas_kernels/bench/accelerator_session.sh pack),
     it is all build_chat needs there."""
     out_dir = prompt_cache_dir(target, split, max_prompt_tokens, seed, data_dir)
-    settings = dict(max_prompt_tokens=max_prompt_tokens, seed=seed, split=split, data="sharegpt-first-turns", v=1)
     path = os.path.join(out_dir, f"{split}.npz")
     if not os.path.exists(path):
         from train import sharegpt
@@ -178,7 +180,8 @@ def split_prompts(target, split: str, n: int | None, max_prompt_tokens: int, see
                  length=np.array([len(p) for p in prompts], np.int32))
         os.replace(path + ".tmp.npz", path)
         with open(os.path.join(out_dir, "meta.json"), "w") as f:
-            json.dump(dict(settings, sharegpt=sharegpt.sharegpt_path(), num_prompts=len(prompts)), f, indent=1)
+            json.dump(dict(_prompt_settings(split, max_prompt_tokens, seed), sharegpt=sharegpt.sharegpt_path(),
+                           num_prompts=len(prompts)), f, indent=1)
         log(f"[self_distill] {path}: {len(prompts)} {split} prompts in {time.time() - t0:.0f} s")
     with np.load(path) as z:
         tokens, lengths = z["tokens"].astype(np.int64), z["length"]
